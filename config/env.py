@@ -1,0 +1,61 @@
+"""Read deployment settings from the environment, with embedded defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the settings cannot use."""
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise SettingsError(f"{name} must be a boolean (true/false), got {raw!r}")
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def database_from_url(url: str, base_dir: Path) -> dict[str, object]:
+    """Turn `postgres://user:pass@host:port/name` or `sqlite:///path` into a DATABASES entry."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in {"postgres", "postgresql", "pgsql"}:
+        name = unquote(parts.path.lstrip("/"))
+        if not name:
+            raise SettingsError("DATABASE_URL names no database")
+        options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        config: dict[str, object] = {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": name,
+            "USER": unquote(parts.username or ""),
+            "PASSWORD": unquote(parts.password or ""),
+            "HOST": parts.hostname or "",
+            "PORT": str(parts.port or ""),
+            "CONN_MAX_AGE": 0,
+            "OPTIONS": options,
+        }
+        return config
+    if scheme == "sqlite":
+        path = unquote(parts.path)
+        if path in {"", "/"}:
+            raise SettingsError("DATABASE_URL sqlite:/// needs a file path")
+        # sqlite:///relative.db -> relative to the project, sqlite:////abs.db -> absolute
+        name = path[1:] if path.startswith("/") and not path.startswith("//") else path[1:]
+        resolved = Path(name) if Path(name).is_absolute() else base_dir / name
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(resolved)}
+    raise SettingsError(f"DATABASE_URL scheme {scheme!r} is not supported (postgres or sqlite)")
