@@ -1,0 +1,4 @@
+"""Pure-Python admission control: limits, buckets, breaker, controller, registry, evidence.
+
+This package imports neither Django, DRF nor Celery.
+"""
