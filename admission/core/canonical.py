@@ -120,7 +120,7 @@ def _integer(number: int) -> str:
     try:
         as_double = float(number)
     except OverflowError:
-        raise ValueError("canonical_json cannot encode an integer beyond the double range") from None
+        raise ValueError("canonical_json cannot encode an integer this large") from None
     return _double(as_double)
 
 
@@ -134,7 +134,7 @@ def _double(number: float) -> str:
     mantissa, _, exponent_text = repr(number).partition("e")
     whole, _, fraction = mantissa.partition(".")
     digits = whole + fraction
-    # point = n of ECMA-262 Number::toString: the value is 0.digits × 10**point.
+    # point = n of ECMA-262 Number::toString: the value is 0.digits * 10**point.
     point = len(whole) + (int(exponent_text) if exponent_text else 0)
     significant = digits.lstrip("0")
     point -= len(digits) - len(significant)
