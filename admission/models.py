@@ -1,0 +1,256 @@
+"""Workspaces, immutable profile versions, approvals, rollback requests and the change ledger."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+RUNBOOK_ID = "RUN-JEV-ADMISSION-v1"
+CHANGE_RECORD_SCHEMA = "decision-admission-profile-change/v1"
+
+
+class ImmutableRecordError(RuntimeError):
+    """An append-only row was asked to change or disappear."""
+
+
+class AppendOnlyQuerySet(models.QuerySet):
+    """Refuses bulk writes that would rewrite or erase audit rows."""
+
+    def update(self, **kwargs: Any) -> int:
+        raise ImmutableRecordError(f"{self.model.__name__} rows are immutable")
+
+    def delete(self) -> tuple[int, dict[str, int]]:
+        raise ImmutableRecordError(f"{self.model.__name__} rows cannot be deleted")
+
+    def bulk_update(self, objs: Any, fields: Any, batch_size: int | None = None) -> int:
+        raise ImmutableRecordError(f"{self.model.__name__} rows are immutable")
+
+    def update_or_create(self, *args: Any, **kwargs: Any) -> Any:
+        raise ImmutableRecordError(f"{self.model.__name__} rows are immutable")
+
+
+class AppendOnlyModel(models.Model):
+    """Rows are inserted once and never saved again nor deleted."""
+
+    objects = AppendOnlyQuerySet.as_manager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding:
+            raise ImmutableRecordError(f"{type(self).__name__} {self.pk} is immutable")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
+        raise ImmutableRecordError(f"{type(self).__name__} rows cannot be deleted")
+
+
+class Workspace(models.Model):
+    """A tenant; `key` is the trusted `workspace_id` the admission core is keyed by."""
+
+    key = models.SlugField(
+        max_length=64,
+        unique=True,
+        help_text="Trusted workspace identity used as the admission core's workspace_id.",
+    )
+    name = models.CharField(max_length=200)
+    members = models.ManyToManyField(
+        settings.AUTH_USER_MODEL, related_name="admission_workspaces", blank=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("key",)
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class ProfileVersion(AppendOnlyModel):
+    """One proposed admission profile document; the label is immutable within its workspace."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="versions")
+    profile_version = models.CharField(max_length=128)
+    document = models.JSONField()
+    digest = models.CharField(max_length=71)
+    profile_digest = models.CharField(max_length=71)
+    proposed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        default_permissions = ("add", "view")
+        permissions: ClassVar[list[tuple[str, str]]] = [
+            ("approve_profileversion", "Can approve or reject profile versions"),
+            ("activate_profileversion", "Can activate profile versions and request rollbacks"),
+        ]
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.UniqueConstraint(
+                fields=["workspace", "profile_version"],
+                name="admission_profileversion_label_unique",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workspace_id and self.workspace.key}:{self.profile_version}"
+
+
+class ProfileApproval(AppendOnlyModel):
+    """A four-eyes decision on a profile version, taken under the runbook's checklist."""
+
+    class Decision(models.TextChoices):
+        APPROVE = "approve", "Approve"
+        REJECT = "reject", "Reject"
+
+    version = models.ForeignKey(
+        ProfileVersion, on_delete=models.PROTECT, related_name="approvals"
+    )
+    # Denormalised from the version so the four-eyes rule is a row-level CHECK.
+    proposed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    approver = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    decision = models.CharField(max_length=16, choices=Decision.choices)
+    runbook = models.CharField(max_length=64, default=RUNBOOK_ID)
+    checklist = models.JSONField(default=dict, blank=True)
+    comment = models.TextField(blank=True)
+    decided_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("-decided_at", "-id")
+        default_permissions = ("view",)
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.CheckConstraint(
+                condition=~Q(approver=F("proposed_by")),
+                name="admission_approval_four_eyes",
+                violation_error_message="The approver must not be the proposer.",
+            ),
+            models.UniqueConstraint(fields=["version"], name="admission_approval_one_decision"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.decision} {self.version} by {self.approver}"
+
+
+class RollbackRequest(models.Model):
+    """A request to activate an earlier version again; it needs a second person's approval."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        APPROVED = "approved", "Approved"
+        REJECTED = "rejected", "Rejected"
+
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.PROTECT, related_name="rollback_requests"
+    )
+    target = models.ForeignKey(ProfileVersion, on_delete=models.PROTECT, related_name="+")
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    reason = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="+",
+        null=True,
+        blank=True,
+    )
+    comment = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        default_permissions = ("add", "view")
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.UniqueConstraint(
+                fields=["workspace"],
+                condition=Q(status="pending"),
+                name="admission_rollback_one_pending",
+            ),
+            models.CheckConstraint(
+                condition=Q(decided_by__isnull=True) | ~Q(decided_by=F("requested_by")),
+                name="admission_rollback_four_eyes",
+                violation_error_message="The rollback must be decided by someone else.",
+            ),
+            models.CheckConstraint(
+                condition=Q(status="pending", decided_by__isnull=True)
+                | (~Q(status="pending") & Q(decided_by__isnull=False)),
+                name="admission_rollback_decided_has_decider",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"rollback {self.workspace_id and self.workspace.key} to {self.target} ({self.status})"
+
+
+class ProfileChangeRecord(AppendOnlyModel):
+    """The durable `decision-admission-profile-change/v1` ledger; its order is activation order."""
+
+    class Kind(models.TextChoices):
+        INITIAL = "initial", "Initial"
+        CHANGE = "change", "Change"
+        ROLLBACK = "rollback", "Rollback"
+
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.PROTECT, related_name="change_records"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    version = models.ForeignKey(ProfileVersion, on_delete=models.PROTECT, related_name="+")
+    previous_version = models.ForeignKey(
+        ProfileVersion, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    previous_profile_version = models.CharField(max_length=128, null=True, blank=True)
+    profile_version = models.CharField(max_length=128)
+    digest = models.CharField(max_length=71)
+    profile_digest = models.CharField(max_length=71)
+    at = models.DateTimeField()
+    at_epoch_ms = models.FloatField()
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    approval = models.ForeignKey(ProfileApproval, on_delete=models.PROTECT, related_name="+")
+    rollback_request = models.ForeignKey(
+        RollbackRequest, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+
+    class Meta:
+        ordering = ("-at", "-id")
+        default_permissions = ("view",)
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["workspace", "-at", "-id"], name="admission_change_ws_at"),
+        ]
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.CheckConstraint(
+                condition=Q(kind="initial", previous_version__isnull=True)
+                | (~Q(kind="initial") & Q(previous_version__isnull=False)),
+                name="admission_change_previous_matches_kind",
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind="rollback") | Q(rollback_request__isnull=False),
+                name="admission_change_rollback_has_request",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.previous_profile_version} -> {self.profile_version}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The camelCase record, field for field as the core writes it."""
+        return {
+            "schema": CHANGE_RECORD_SCHEMA,
+            "workspaceId": self.workspace.key,
+            "kind": self.kind,
+            "previousProfileVersion": self.previous_profile_version,
+            "profileVersion": self.profile_version,
+            "digest": self.digest,
+            "profileDigest": self.profile_digest,
+            "atEpochMs": self.at_epoch_ms,
+        }
