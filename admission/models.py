@@ -108,9 +108,7 @@ class ProfileApproval(AppendOnlyModel):
         APPROVE = "approve", "Approve"
         REJECT = "reject", "Reject"
 
-    version = models.ForeignKey(
-        ProfileVersion, on_delete=models.PROTECT, related_name="approvals"
-    )
+    version = models.ForeignKey(ProfileVersion, on_delete=models.PROTECT, related_name="approvals")
     # Denormalised from the version so the four-eyes rule is a row-level CHECK.
     proposed_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
@@ -190,7 +188,7 @@ class RollbackRequest(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"rollback {self.workspace_id and self.workspace.key} to {self.target} ({self.status})"
+        return f"rollback to {self.target} ({self.status})"
 
 
 class ProfileChangeRecord(AppendOnlyModel):
@@ -209,7 +207,10 @@ class ProfileChangeRecord(AppendOnlyModel):
     previous_version = models.ForeignKey(
         ProfileVersion, on_delete=models.PROTECT, related_name="+", null=True, blank=True
     )
-    previous_profile_version = models.CharField(max_length=128, null=True, blank=True)
+    # NULL, not "", for an initial record: the JSON record carries null there.
+    previous_profile_version = models.CharField(  # noqa: DJ001
+        max_length=128, null=True, blank=True
+    )
     profile_version = models.CharField(max_length=128)
     digest = models.CharField(max_length=71)
     profile_digest = models.CharField(max_length=71)
