@@ -1,0 +1,1121 @@
+"""The admission controller of one workspace: preflight, fair queueing, dispatch and release.
+
+The order of checks is SPEC §3. Lanes are keyed (provider, principal) inside the workspace and are
+served round-robin. A lane whose head must wait is *parked* on the thing it waits for (a scope's
+permits, a share cap, a token-bucket reservation) or on a timer (buckets, Retry-After pauses, an
+open breaker), so releasing a permit only looks at lanes that the release can help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Any
+
+from admission.core.errors import AdmissionRejected
+from admission.core.evidence import AdmissionEvidence, BreakerTransition, QueueSnapshot
+from admission.core.scopes import EPSILON, Budget, Pair, Scope, TokenBucket
+
+if TYPE_CHECKING:
+    from admission.core.limits import Profile
+    from admission.core.registry import AdmissionRegistry
+    from admission.core.request import AdmissionRequest
+
+# Millisecond slack when comparing a timer's due time with the clock (float round trips).
+TIME_EPSILON_MS = 1e-6
+# The smallest step a lane timer advances, so a virtual clock always moves forward.
+MIN_TIMER_STEP_MS = 1e-3
+# How far the running loop's clock may be from the registry clock before acquire refuses.
+CLOCK_TOLERANCE_MS = 50.0
+RETRY_PRESSURE_WINDOW_MS = 60_000.0
+RETRY_PRESSURE_CAP = 4096
+MAX_RETRY_HINT_MS = 30_000
+DEFAULT_RETRY_BASE_MS = 1_000.0
+TRANSITION_HISTORY = 256
+
+_INT_FIELDS = ("tokens", "request_bytes", "items", "attempts", "batch_size", "retained_work")
+
+
+def _valid_count(value: Any) -> bool:
+    if type(value) is int:
+        return value >= 0
+    if type(value) is float:
+        return math.isfinite(value) and value >= 0 and value.is_integer()
+    return False
+
+
+def _valid_amount(value: Any) -> bool:
+    kind = type(value)
+    if kind is int:
+        return value >= 0
+    if kind is float:
+        return math.isfinite(value) and value >= 0
+    return False
+
+
+class _Ticket:
+    """One acquire call: the request, its judged estimate and, while queued, its place in a lane."""
+
+    __slots__ = (
+        "P",
+        "V",
+        "arrived_ms",
+        "attempts",
+        "batch_size",
+        "cost",
+        "defer_reason",
+        "expire_ms",
+        "expire_reason",
+        "future",
+        "holds",
+        "invalid",
+        "items",
+        "lane",
+        "pair",
+        "request",
+        "request_bytes",
+        "retained_work",
+        "timer",
+        "tokens",
+        "transitions",
+        "unsubscribe",
+    )
+
+    def __init__(self, request: AdmissionRequest, now_ms: float) -> None:
+        self.request = request
+        self.arrived_ms = now_ms
+        self.P: Scope | None = None
+        self.V: Scope | None = None
+        self.pair: Pair | None = None
+        self.lane: _Lane | None = None
+        self.future: asyncio.Future[Lease] | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.unsubscribe: Any = None
+        self.holds: list[TokenBucket] | None = None
+        self.transitions: list[BreakerTransition] | None = None
+        self.defer_reason: str | None = None
+        self.expire_ms = math.inf
+        self.expire_reason = ""
+        estimate = request.estimate
+        invalid = False
+        values: list[Any] = []
+        for name in _INT_FIELDS:
+            value = getattr(estimate, name, None)
+            if value is None:
+                values.append(None)
+            elif _valid_count(value):
+                values.append(int(value))
+            else:
+                invalid = True
+                values.append(None)
+        cost = getattr(estimate, "cost_usd", None)
+        if cost is not None and not _valid_amount(cost):
+            invalid = True
+            cost = None
+        self.invalid = invalid
+        if invalid:
+            # Malformed host figures never reach evidence or any counter.
+            self.tokens = self.request_bytes = self.items = None
+            self.batch_size = self.retained_work = None
+            self.attempts = 1
+            self.cost = None
+        else:
+            (
+                self.tokens,
+                self.request_bytes,
+                self.items,
+                attempts,
+                self.batch_size,
+                self.retained_work,
+            ) = values
+            self.attempts = 1 if attempts is None else attempts
+            self.cost = float(cost) if cost is not None else None
+
+
+class _Lane:
+    """Waiters of one (provider, principal) lane, oldest first."""
+
+    __slots__ = ("key", "parked_epoch", "parked_on", "ready", "timer", "waiters", "woken_from")
+
+    def __init__(self, key: tuple[str, str]) -> None:
+        self.key = key
+        self.waiters: OrderedDict[_Ticket, None] = OrderedDict()
+        self.ready = False
+        self.parked_on: dict[Any, None] | None = None
+        self.parked_epoch = 0
+        self.timer: asyncio.TimerHandle | None = None
+        self.woken_from: dict[Any, None] | None = None
+
+    def head(self) -> _Ticket | None:
+        for ticket in self.waiters:
+            return ticket
+        return None
+
+
+class Lease:
+    """Permission to dispatch one attempt; `release` gives every permit back exactly once."""
+
+    __slots__ = (
+        "_controller",
+        "_cost",
+        "_generation",
+        "_probe",
+        "_released",
+        "_scopes",
+        "_tokens",
+        "budget_id",
+        "evidence",
+        "principal_id",
+        "provider_id",
+    )
+
+    def __init__(
+        self,
+        controller: AdmissionController,
+        ticket: _Ticket,
+        evidence: AdmissionEvidence,
+        generation: int,
+        probe: bool,
+    ) -> None:
+        self._controller = controller
+        request = ticket.request
+        self.budget_id = request.budget_id
+        self.principal_id = request.principal_id
+        self.provider_id = request.provider_id
+        self.evidence = evidence
+        self._scopes = (ticket.P, ticket.V, ticket.pair)
+        self._tokens = ticket.tokens
+        self._cost = ticket.cost
+        self._generation = generation
+        self._probe = probe
+        self._released = False
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(
+        self,
+        success: bool | None = None,
+        retry_after_ms: float | None = None,
+        actual_tokens: int | None = None,
+        actual_cost_usd: float | None = None,
+    ) -> None:
+        """Give the permits back. `success=None` is "no outcome" and never a provider failure.
+
+        Idempotent. Malformed optional figures are ignored after the permits are freed, and then
+        reported with `ValueError` (a host bug must not leak capacity).
+        """
+        if self._released:
+            return
+        self._released = True
+        problems = []
+        if success is not None and type(success) is not bool:
+            problems.append("success must be True, False or None")
+            success = None
+        if retry_after_ms is not None and not _valid_amount(retry_after_ms):
+            problems.append("retry_after_ms must be a finite non-negative number")
+            retry_after_ms = None
+        if actual_tokens is not None and not _valid_count(actual_tokens):
+            problems.append("actual_tokens must be a non-negative integer")
+            actual_tokens = None
+        if actual_cost_usd is not None and not _valid_amount(actual_cost_usd):
+            problems.append("actual_cost_usd must be a finite non-negative number")
+            actual_cost_usd = None
+        self._controller._release(self, success, retry_after_ms, actual_tokens, actual_cost_usd)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+class AdmissionController:
+    """Admission for one workspace: every ceiling of its current profile, fairly between lanes."""
+
+    def __init__(self, registry: AdmissionRegistry, profile: Profile) -> None:
+        self._registry = registry
+        self._clock = registry.clock
+        self.workspace_id = profile.workspace_id
+        now = self._clock.monotonic_ms()
+        self._profile = profile
+        self._workspace = Scope("workspace", profile.workspace_id, profile.workspace, now)
+        self._principals: dict[str, Scope] = {}
+        self._providers: dict[str, Scope] = {}
+        self._lanes: dict[tuple[str, str], _Lane] = {}
+        self._ready: deque[_Lane] = deque()
+        self._budget_scopes: dict[str, list[Scope]] = {}
+        self._idle_principals: OrderedDict[str, None] = OrderedDict()
+        self._transitions: deque[BreakerTransition] = deque(maxlen=TRANSITION_HISTORY)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._leases = 0
+        self._waiting = 0
+        self._pumping = False
+        self._epoch = 0
+        self._evicted = False
+        self._recompute_reservations()
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def profile(self) -> Profile:
+        """The profile whose limits this controller applies now."""
+        return self._current()._profile
+
+    async def acquire(self, request: AdmissionRequest) -> Lease:
+        """Admit the request now, queue it fairly, or raise `AdmissionRejected` with a reason."""
+        if request.workspace_id != self.workspace_id:
+            raise ValueError("request.workspace_id does not match this controller's workspace")
+        if self._evicted:
+            owner = self._registry._adopt(self)
+            if owner is not self:
+                return await owner.acquire(request)
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._bind_loop(loop)
+        now = self._clock.monotonic_ms()
+        ticket = _Ticket(request, now)
+        reason = self._preflight(ticket, now)
+        if reason is not None:
+            raise self._rejection(ticket, reason, now)
+        lane = self._lanes.get((request.provider_id, request.principal_id))
+        if lane is None or not lane.waiters:
+            defer = self._dispatch_check(ticket, now)
+            if defer is None:
+                return self._admit(ticket, now)
+        else:
+            defer = None
+        if self._queue_full(ticket):
+            raise self._rejection(ticket, "queue-full", now)
+        future = self._enqueue(ticket, loop, now, defer)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                # Admitted just as the caller gave up: the permit goes back at once.
+                future.result().release(success=None)
+            elif ticket.lane is not None:
+                self._remove(ticket)
+                self._pump()
+            raise
+
+    def snapshot(self, principal_id: str) -> QueueSnapshot:
+        """The principal's active permits and all of its waiting requests."""
+        scope = self._current()._principals.get(principal_id)
+        if scope is None:
+            return QueueSnapshot(active=0, queued=0)
+        return QueueSnapshot(active=scope.active, queued=scope.queued)
+
+    def release_budget(self, budget_id: str) -> None:
+        """Forget exactly this invocation's budgets (attempts, cost, tokens, repeat count)."""
+        owner = self._current()
+        scopes = owner._budget_scopes.pop(budget_id, None)
+        if not scopes:
+            return
+        for scope in scopes:
+            scope.budgets.pop(budget_id, None)
+            scope.repeats.pop(budget_id, None)
+            if scope.kind == "principal" and not scope.active and not scope.queued:
+                owner._note_idle_principal(scope.key)
+        owner._note_idle()
+
+    def coordinate_retry_after(self, provider_id: str, ms: float) -> None:
+        """Pause the workspace's lane of this provider for `ms` (starts or extends, never shortens)."""
+        if not _valid_amount(ms):
+            raise ValueError("retry-after milliseconds must be a finite non-negative number")
+        owner = self._current()
+        scope = owner._provider_scope(provider_id)
+        if scope is None:
+            raise ValueError("provider is not configured in the current profile")
+        now = owner._clock.monotonic_ms()
+        owner._pause(scope, now, float(ms))
+
+    def breaker_transitions(self) -> list[BreakerTransition]:
+        """The bounded history of breaker transitions in this workspace, oldest first."""
+        return list(self._current()._transitions)
+
+    # ------------------------------------------------------------ registry hooks
+
+    def _current(self) -> AdmissionController:
+        return self._registry._adopt(self) if self._evicted else self
+
+    def _apply_profile(self, profile: Profile) -> None:
+        """Switch to a newly current profile and revalidate every queued request against it."""
+        now = self._clock.monotonic_ms()
+        self._profile = profile
+        self._workspace.apply(profile.workspace, now)
+        for principal_id, scope in self._principals.items():
+            limits = profile.principals.get(principal_id)
+            if limits is not None:
+                scope.apply(limits, now)
+        for provider_id, scope in self._providers.items():
+            limits = profile.providers.get(provider_id)
+            if limits is not None:
+                scope.apply(limits, now)
+        self._recompute_reservations()
+        for lane in self._lanes.values():
+            for ticket in lane.waiters:
+                self._arm_expiry(ticket)
+            self._make_ready(lane)
+        self._pump()
+
+    def _is_idle(self, now: float) -> bool:
+        if self._leases or self._waiting or self._budget_scopes:
+            return False
+        scopes = [self._workspace, *self._principals.values(), *self._providers.values()]
+        return all(scope.is_idle(now) for scope in scopes)
+
+    # ---------------------------------------------------------------- scopes
+
+    def _principal_scope(self, principal_id: str) -> Scope | None:
+        scope = self._principals.get(principal_id)
+        if scope is not None:
+            return scope
+        limits = self._profile.principals.get(principal_id)
+        if limits is None:
+            return None
+        scope = Scope("principal", principal_id, limits, self._clock.monotonic_ms())
+        self._principals[principal_id] = scope
+        return scope
+
+    def _provider_scope(self, provider_id: str) -> Scope | None:
+        scope = self._providers.get(provider_id)
+        if scope is not None:
+            return scope
+        limits = self._profile.providers.get(provider_id)
+        if limits is None:
+            return None
+        scope = Scope("provider", provider_id, limits, self._clock.monotonic_ms())
+        scope.unused_reserved = self._reserved_total()
+        self._providers[provider_id] = scope
+        return scope
+
+    def _reserved_total(self) -> int:
+        return sum(limits.reserved_concurrency or 0 for limits in self._profile.principals.values())
+
+    def _recompute_reservations(self) -> None:
+        reservations = {
+            pid: limits.reserved_concurrency
+            for pid, limits in self._profile.principals.items()
+            if limits.reserved_concurrency
+        }
+        unused = 0
+        for pid, reserved in reservations.items():
+            scope = self._principals.get(pid)
+            unused += max(0, reserved - (scope.active if scope is not None else 0))
+        self._workspace.unused_reserved = unused
+        for provider in self._providers.values():
+            unused = 0
+            for pid, reserved in reservations.items():
+                pair = provider.pairs.get(pid)
+                unused += max(0, reserved - (pair.active if pair is not None else 0))
+            provider.unused_reserved = unused
+
+    # --------------------------------------------------------------- checks
+
+    def _preflight(self, ticket: _Ticket, now: float) -> str | None:
+        """SPEC 3.1, in order. Returns a rejection reason or None."""
+        request = ticket.request
+        signal = request.signal
+        if signal is not None and signal.cancelled:
+            return "cancelled"
+        principal = self._principal_scope(request.principal_id)
+        if principal is None:
+            return "unconfigured-principal"
+        provider = self._provider_scope(request.provider_id)
+        if provider is None:
+            return "unconfigured-provider"
+        ticket.P = principal
+        ticket.V = provider
+        if ticket.pair is None:
+            ticket.pair = provider.pair(request.principal_id)
+        deadline = request.deadline_ms
+        if deadline is not None and deadline <= now + TIME_EPSILON_MS:
+            return "deadline-exceeded"
+        if ticket.invalid:
+            return "invalid-estimate"
+        scopes = (principal, self._workspace, provider)
+        for scope in scopes:
+            reason = self._static_reason(ticket, scope.limits)
+            if reason is not None:
+                return reason
+        tokens = ticket.tokens
+        for scope in scopes:
+            limits = scope.limits
+            if limits.requests_per_minute is not None and limits.requests_per_minute <= 0:
+                return "requests-per-minute"
+            tps = limits.tokens_per_second
+            if tps is not None and tokens is not None and tokens > tps:
+                return "tokens-per-second"
+        for scope in scopes:
+            if scope.has_budgets:
+                reason = self._budget_reason(ticket, scope)
+                if reason is not None:
+                    return reason
+        return None
+
+    @staticmethod
+    def _static_reason(ticket: _Ticket, limits: Any) -> str | None:
+        bound = limits.max_batch_size
+        if bound is not None and ticket.batch_size is not None and ticket.batch_size > bound:
+            return "batch-size"
+        bound = limits.max_request_bytes
+        if bound is not None and ticket.request_bytes is not None and ticket.request_bytes > bound:
+            return "request-too-large"
+        bound = limits.max_items
+        if bound is not None and ticket.items is not None and ticket.items > bound:
+            return "too-many-items"
+        bound = limits.max_retained_work
+        if bound is not None:
+            if ticket.retained_work is None:
+                return "unknown-retained-work"
+            if ticket.retained_work > bound:
+                return "retained-work"
+        if (
+            limits.max_cost_usd is not None
+            and ticket.cost is None
+            and not limits.allow_unknown_cost
+        ):
+            return "unknown-cost"
+        if limits.max_tokens is not None and ticket.tokens is None:
+            return "unknown-tokens"
+        return None
+
+    @staticmethod
+    def _budget_reason(ticket: _Ticket, scope: Scope) -> str | None:
+        limits = scope.limits
+        used = scope.budgets.get(ticket.request.budget_id)
+        attempts = used.attempts if used is not None else 0
+        if limits.max_attempts is not None and attempts + ticket.attempts > limits.max_attempts:
+            return "attempts"
+        if limits.max_cost_usd is not None and ticket.cost is not None:
+            spent = used.cost if used is not None else 0.0
+            if spent + ticket.cost > limits.max_cost_usd + EPSILON:
+                return "cost"
+        if limits.max_tokens is not None and ticket.tokens is not None:
+            reserved = used.tokens if used is not None else 0
+            if reserved + ticket.tokens > limits.max_tokens:
+                return "tokens"
+        return None
+
+    def _dispatch_check(self, ticket: _Ticket, now: float) -> tuple[Any, ...] | None:
+        """SPEC 3.3 for a request that passed preflight: None to admit, else a deferral.
+
+        A deferral is (reason, parked-set or None, wake-at ms or None, bucket to hold or None).
+        Nothing is consumed here.
+        """
+        principal, provider, pair = ticket.P, ticket.V, ticket.pair
+        workspace = self._workspace
+        assert principal is not None and provider is not None and pair is not None
+        if principal.active >= principal.limits.concurrency:
+            return ("concurrency", principal.parked, None, None)
+        if workspace.active >= workspace.limits.concurrency:
+            return ("concurrency", workspace.parked, None, None)
+        if provider.active >= provider.limits.concurrency:
+            return ("concurrency", provider.parked, None, None)
+        share = workspace.limits.max_principal_share
+        if share is not None and principal.active >= max(
+            1, math.floor(share * workspace.limits.concurrency)
+        ):
+            return ("concurrency", principal.parked, None, None)
+        share = provider.limits.max_principal_share
+        if share is not None and pair.active >= max(
+            1, math.floor(share * provider.limits.concurrency)
+        ):
+            return ("concurrency", pair.parked, None, None)
+        reserved = principal.reserved
+        if (
+            workspace.unused_reserved
+            and principal.active >= reserved
+            and workspace.limits.concurrency - workspace.active - workspace.unused_reserved < 1
+        ):
+            return ("concurrency", workspace.parked, None, None)
+        if (
+            provider.unused_reserved
+            and pair.active >= reserved
+            and provider.limits.concurrency - provider.active - provider.unused_reserved < 1
+        ):
+            return ("concurrency", provider.parked, None, None)
+        if provider.pause_until_ms > now + TIME_EPSILON_MS:
+            return ("retry-after", None, provider.pause_until_ms, None)
+        breaker = provider.breaker
+        config = provider.breaker_config
+        if breaker is not None and config is not None and breaker.state != "closed":
+            if breaker.state == "open":
+                reopen_at = breaker.opened_ms + config.open_ms
+                if now + TIME_EPSILON_MS < reopen_at:
+                    return ("circuit-open", None, reopen_at, None)
+                transition = self._transition(provider, "half-open", now)
+                if ticket.transitions is None:
+                    ticket.transitions = []
+                ticket.transitions.append(transition)
+            if breaker.probes >= config.half_open_max_calls:
+                return ("circuit-open", provider.parked, None, None)
+        scopes = (principal, workspace, provider)
+        for scope in scopes:
+            bucket = scope.req_bucket
+            if bucket is not None:
+                wait = bucket.ms_until(1.0, now)
+                if wait > 0:
+                    return ("requests-per-minute", None, now + wait, None)
+        tokens = ticket.tokens or 0
+        for scope in scopes:
+            bucket = scope.tok_bucket
+            if bucket is not None:
+                holder = bucket.holder
+                needed = tokens
+                if holder is not None and holder is not ticket:
+                    needed += holder.tokens or 0  # type: ignore[attr-defined]
+                wait = bucket.ms_until(needed, now)
+                if wait > 0:
+                    wake = now + wait if wait != math.inf else None
+                    return ("tokens-per-second", bucket.parked, wake, bucket)
+        return None
+
+    def _queue_full(self, ticket: _Ticket) -> bool:
+        principal, provider, pair = ticket.P, ticket.V, ticket.pair
+        workspace = self._workspace
+        assert principal is not None and provider is not None and pair is not None
+        for scope in (principal, workspace, provider):
+            bound = scope.limits.max_queue_length
+            if bound is not None and scope.queued >= bound:
+                return True
+        for pool, mine in ((workspace, principal.queued), (provider, pair.queued)):
+            share = pool.limits.max_principal_share
+            bound = pool.limits.max_queue_length
+            if (
+                share is not None
+                and bound is not None
+                and mine >= max(1, math.floor(share * bound))
+            ):
+                return True
+        return False
+
+    # ------------------------------------------------------------ decisions
+
+    def _evidence(
+        self, ticket: _Ticket, decision: str, reason: str, now: float
+    ) -> AdmissionEvidence:
+        principal, provider = ticket.P, ticket.V
+        breaker = provider.breaker if provider is not None else None
+        return AdmissionEvidence(
+            decision=decision,
+            reason=reason,
+            queue_delay_ms=now - ticket.arrived_ms,
+            active=principal.active if principal is not None else 0,
+            queued=principal.queued if principal is not None else 0,
+            estimated_tokens=ticket.tokens,
+            estimated_cost_usd=ticket.cost,
+            retry_pressure=self._retry_pressure(provider, now) if provider is not None else 0,
+            breaker_state=breaker.state if breaker is not None else "closed",
+            breaker_transitions=ticket.transitions or [],
+        )
+
+    def _rejection(self, ticket: _Ticket, reason: str, now: float) -> AdmissionRejected:
+        evidence = self._evidence(ticket, "reject", reason, now)
+        hint = None
+        if reason == "queue-full" or reason == "queue-timeout":
+            hint = self._retry_hint(ticket, now)
+            evidence.retry_after_ms = hint
+        self._release_holds(ticket)
+        if self._registry._decision_listeners:
+            self._registry._emit_decision("reject", reason, ticket.request, evidence)
+        return AdmissionRejected(reason, evidence, hint)
+
+    def _retry_hint(self, ticket: _Ticket, now: float) -> float:
+        """A jittered hint (0.5x to 1.5x of a base), so rejected callers do not return in lockstep.
+
+        The base is what is known to be in the way: the provider's Retry-After pause or open
+        breaker, else half of the smallest queue dwell bound, else one second.
+        """
+        base = 0.0
+        provider = ticket.V
+        if provider is not None:
+            base = max(base, provider.pause_until_ms - now)
+            breaker, config = provider.breaker, provider.breaker_config
+            if breaker is not None and config is not None and breaker.state == "open":
+                base = max(base, breaker.opened_ms + config.open_ms - now)
+        if base <= 0:
+            dwell = self._dwell_limit(ticket)
+            base = dwell / 2 if dwell != math.inf else DEFAULT_RETRY_BASE_MS
+        hint = base * (0.5 + self._registry.rng.random())
+        return float(min(MAX_RETRY_HINT_MS, max(1, round(hint))))
+
+    def _admit(self, ticket: _Ticket, now: float) -> Lease:
+        principal, provider, pair = ticket.P, ticket.V, ticket.pair
+        workspace = self._workspace
+        assert principal is not None and provider is not None and pair is not None
+        request = ticket.request
+        reserved = principal.reserved
+        if reserved:
+            if principal.active < reserved:
+                workspace.unused_reserved -= 1
+            if pair.active < reserved:
+                provider.unused_reserved -= 1
+        principal.active += 1
+        workspace.active += 1
+        provider.active += 1
+        pair.active += 1
+        self._leases += 1
+        budget_id = request.budget_id
+        tokens = ticket.tokens or 0
+        for scope in (principal, workspace, provider):
+            if scope.has_budgets:
+                used = scope.budgets.get(budget_id)
+                if used is None:
+                    used = scope.budgets[budget_id] = Budget()
+                    self._budget_scopes.setdefault(budget_id, []).append(scope)
+                used.attempts += ticket.attempts
+                if ticket.cost is not None:
+                    used.cost += ticket.cost
+                used.tokens += tokens
+            bucket = scope.req_bucket
+            if bucket is not None:
+                bucket.level -= 1.0
+            bucket = scope.tok_bucket
+            if bucket is not None and tokens:
+                bucket.level -= tokens
+        repeats = provider.repeats.get(budget_id)
+        if repeats is None:
+            if provider not in self._budget_scopes.setdefault(budget_id, []):
+                self._budget_scopes[budget_id].append(provider)
+            provider.repeats[budget_id] = 1
+        else:
+            provider.repeats[budget_id] = repeats + 1
+            self._pressure_event(provider, now)
+        self._release_holds(ticket)
+        breaker = provider.breaker
+        probe = False
+        generation = 0
+        if breaker is not None:
+            generation = breaker.generation
+            if breaker.state == "half-open" and provider.breaker_config is not None:
+                breaker.probes += 1
+                probe = True
+        evidence = self._evidence(ticket, "admit", "admitted", now)
+        if self._registry._decision_listeners:
+            self._registry._emit_decision("admit", "admitted", request, evidence)
+        return Lease(self, ticket, evidence, generation, probe)
+
+    def _release(
+        self,
+        lease: Lease,
+        success: bool | None,
+        retry_after_ms: float | None,
+        actual_tokens: int | None,
+        actual_cost_usd: float | None,
+    ) -> None:
+        principal, provider, pair = lease._scopes
+        workspace = self._workspace
+        assert principal is not None and provider is not None and pair is not None
+        principal.active -= 1
+        workspace.active -= 1
+        provider.active -= 1
+        pair.active -= 1
+        self._leases -= 1
+        reserved = principal.reserved
+        if reserved:
+            if principal.active < reserved:
+                workspace.unused_reserved += 1
+            if pair.active < reserved:
+                provider.unused_reserved += 1
+        now = self._clock.monotonic_ms()
+        if actual_tokens is not None or actual_cost_usd is not None:
+            self._reconcile(lease, principal, provider, actual_tokens, actual_cost_usd)
+        breaker = provider.breaker
+        closed_now = False
+        if breaker is not None and lease._probe and lease._generation == breaker.generation:
+            breaker.probes -= 1
+        if retry_after_ms is not None:
+            self._pause(provider, now, retry_after_ms)
+        elif success is not None and breaker is not None and provider.breaker_config is not None:
+            if lease._generation == breaker.generation:
+                closed_now = self._breaker_outcome(provider, lease, success, now)
+        if principal.parked:
+            self._wake_one(principal.parked)
+        if pair.parked:
+            self._wake_one(pair.parked)
+        if workspace.parked:
+            self._wake_one(workspace.parked)
+        if provider.parked:
+            if closed_now:
+                self._wake_all(provider.parked)
+            else:
+                self._wake_one(provider.parked)
+        if self._ready:
+            self._pump()
+        if not principal.active and not principal.queued:
+            self._note_idle_principal(principal.key)
+        if not self._leases and not self._waiting:
+            self._note_idle()
+
+    def _reconcile(
+        self,
+        lease: Lease,
+        principal: Scope,
+        provider: Scope,
+        actual_tokens: int | None,
+        actual_cost_usd: float | None,
+    ) -> None:
+        for scope in (principal, self._workspace, provider):
+            used = scope.budgets.get(lease.budget_id)
+            if used is None:
+                continue
+            if actual_tokens is not None:
+                used.tokens = max(0, used.tokens + int(actual_tokens) - (lease._tokens or 0))
+            if actual_cost_usd is not None:
+                used.cost = max(0.0, used.cost + float(actual_cost_usd) - (lease._cost or 0.0))
+        # A second reconcile on the same lease must not subtract the estimate twice.
+        if actual_tokens is not None:
+            lease._tokens = int(actual_tokens)
+        if actual_cost_usd is not None:
+            lease._cost = float(actual_cost_usd)
+
+    def _breaker_outcome(self, provider: Scope, lease: Lease, success: bool, now: float) -> bool:
+        breaker, config = provider.breaker, provider.breaker_config
+        assert breaker is not None and config is not None
+        if success:
+            breaker.failures = 0
+            if breaker.state == "half-open":
+                lease.evidence.breaker_transitions.append(self._transition(provider, "closed", now))
+                return True
+            return False
+        if breaker.state == "half-open":
+            breaker.failures += 1
+            lease.evidence.breaker_transitions.append(self._transition(provider, "open", now))
+        elif breaker.state == "closed":
+            breaker.failures += 1
+            if breaker.failures >= config.failure_threshold:
+                lease.evidence.breaker_transitions.append(self._transition(provider, "open", now))
+        return False
+
+    def _transition(self, provider: Scope, to_state: str, now: float) -> BreakerTransition:
+        breaker = provider.breaker
+        assert breaker is not None
+        from_state = breaker.state
+        breaker.state = to_state
+        if to_state == "open":
+            breaker.generation += 1
+            breaker.opened_ms = now
+            breaker.probes = 0
+        elif to_state == "closed":
+            breaker.failures = 0
+            breaker.probes = 0
+        transition = BreakerTransition(
+            provider_id=provider.key,
+            from_state=from_state,
+            to_state=to_state,
+            at_epoch_ms=self._clock.epoch_ms(),
+            failures=breaker.failures,
+        )
+        self._transitions.append(transition)
+        self._registry._emit_breaker_transition(transition)
+        return transition
+
+    def _pause(self, provider: Scope, now: float, ms: float) -> None:
+        until = now + ms
+        if until > provider.pause_until_ms:
+            provider.pause_until_ms = until
+        self._pressure_event(provider, now)
+
+    @staticmethod
+    def _pressure_event(provider: Scope, now: float) -> None:
+        events = provider.pressure
+        events.append(now)
+        if len(events) > RETRY_PRESSURE_CAP:
+            events.popleft()
+
+    @staticmethod
+    def _retry_pressure(provider: Scope, now: float) -> int:
+        events = provider.pressure
+        horizon = now - RETRY_PRESSURE_WINDOW_MS
+        while events and events[0] <= horizon:
+            events.popleft()
+        return len(events)
+
+    # ---------------------------------------------------------------- queue
+
+    def _bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        drift = abs(loop.time() * 1000.0 - self._clock.monotonic_ms())
+        if drift > CLOCK_TOLERANCE_MS:
+            raise RuntimeError(
+                "the running event loop's clock disagrees with this registry's clock "
+                f"by {drift:.0f} ms; one registry has one clock, the clock of its loop"
+            )
+        previous = self._loop
+        if previous is not None and self._waiting:
+            if not previous.is_closed():
+                raise RuntimeError("this controller has waiters on another running event loop")
+            # Waiters of a closed loop can never be resumed: forget them.
+            for lane in list(self._lanes.values()):
+                for ticket in list(lane.waiters):
+                    self._remove(ticket)
+        self._loop = loop
+
+    def _dwell_limit(self, ticket: _Ticket) -> float:
+        dwell = math.inf
+        for scope in (ticket.P, self._workspace, ticket.V):
+            if scope is not None and scope.limits.max_queue_wait_ms is not None:
+                dwell = min(dwell, scope.limits.max_queue_wait_ms)
+        return dwell
+
+    def _arm_expiry(self, ticket: _Ticket) -> None:
+        deadline = ticket.request.deadline_ms
+        dwell_end = ticket.arrived_ms + self._dwell_limit(ticket)
+        if deadline is not None and deadline <= dwell_end:
+            expire, reason = float(deadline), "deadline-exceeded"
+        else:
+            expire, reason = dwell_end, "queue-timeout"
+        if expire == ticket.expire_ms and ticket.timer is not None:
+            return
+        if ticket.timer is not None:
+            ticket.timer.cancel()
+            ticket.timer = None
+        ticket.expire_ms, ticket.expire_reason = expire, reason
+        if expire != math.inf and self._loop is not None:
+            ticket.timer = self._loop.call_at(expire / 1000.0, self._on_expire, ticket)
+
+    def _enqueue(
+        self,
+        ticket: _Ticket,
+        loop: asyncio.AbstractEventLoop,
+        now: float,
+        defer: tuple[Any, ...] | None,
+    ) -> asyncio.Future[Lease]:
+        request = ticket.request
+        key = (request.provider_id, request.principal_id)
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(key)
+        future: asyncio.Future[Lease] = loop.create_future()
+        ticket.future = future
+        ticket.lane = lane
+        lane.waiters[ticket] = None
+        assert ticket.P is not None and ticket.V is not None and ticket.pair is not None
+        ticket.P.queued += 1
+        self._workspace.queued += 1
+        ticket.V.queued += 1
+        ticket.pair.queued += 1
+        self._waiting += 1
+        self._arm_expiry(ticket)
+        if request.signal is not None:
+            ticket.unsubscribe = request.signal.add_callback(
+                lambda _signal, t=ticket: self._on_signal(t)
+            )
+        if defer is not None:
+            self._defer(lane, ticket, defer, now)
+        return future
+
+    def _dequeue(self, ticket: _Ticket) -> None:
+        """Take a waiter out of its lane and out of every count, whatever the outcome."""
+        lane = ticket.lane
+        assert lane is not None
+        del lane.waiters[ticket]
+        ticket.lane = None
+        assert ticket.P is not None and ticket.V is not None and ticket.pair is not None
+        ticket.P.queued -= 1
+        self._workspace.queued -= 1
+        ticket.V.queued -= 1
+        ticket.pair.queued -= 1
+        self._waiting -= 1
+        if ticket.timer is not None:
+            ticket.timer.cancel()
+            ticket.timer = None
+        if ticket.unsubscribe is not None:
+            ticket.unsubscribe()
+            ticket.unsubscribe = None
+        if not lane.waiters:
+            self._unpark(lane)
+            if lane.ready:
+                lane.ready = False
+                try:
+                    self._ready.remove(lane)
+                except ValueError:
+                    pass
+            del self._lanes[lane.key]
+
+    def _remove(self, ticket: _Ticket) -> None:
+        """Take a waiter out because it will not be admitted; its lane may have a new head."""
+        lane = ticket.lane
+        assert lane is not None
+        was_head = lane.head() is ticket
+        self._dequeue(ticket)
+        self._release_holds(ticket)
+        if was_head and lane.waiters:
+            self._make_ready(lane)
+        principal = ticket.P
+        if principal is not None and not principal.active and not principal.queued:
+            self._note_idle_principal(principal.key)
+        if not self._leases and not self._waiting:
+            self._note_idle()
+
+    def _reject_waiter(self, ticket: _Ticket, reason: str) -> None:
+        future = ticket.future
+        self._remove(ticket)
+        now = self._clock.monotonic_ms()
+        error = self._rejection(ticket, reason, now)
+        if future is not None and not future.done():
+            future.set_exception(error)
+
+    def _on_expire(self, ticket: _Ticket) -> None:
+        ticket.timer = None
+        if ticket.lane is None:
+            return
+        self._reject_waiter(ticket, ticket.expire_reason)
+        self._pump()
+
+    def _on_signal(self, ticket: _Ticket) -> None:
+        ticket.unsubscribe = None
+        if ticket.lane is None:
+            return
+        self._reject_waiter(ticket, "cancelled")
+        self._pump()
+
+    def _release_holds(self, ticket: _Ticket) -> None:
+        holds = ticket.holds
+        if not holds:
+            return
+        ticket.holds = None
+        for bucket in holds:
+            if bucket.holder is ticket:
+                bucket.holder = None
+                if bucket.parked:
+                    self._wake_all(bucket.parked)
+
+    # ------------------------------------------------------- parking and pump
+
+    def _defer(self, lane: _Lane, ticket: _Ticket, defer: tuple[Any, ...], now: float) -> None:
+        reason, parked, wake_at, bucket = defer
+        if bucket is not None and bucket.holder is None:
+            bucket.holder = ticket
+            if ticket.holds is None:
+                ticket.holds = []
+            ticket.holds.append(bucket)
+        self._park(lane, parked, wake_at, now)
+        if ticket.defer_reason != reason:
+            ticket.defer_reason = reason
+            if self._registry._decision_listeners:
+                self._registry._emit_decision("defer", reason, ticket.request, None)
+
+    def _park(
+        self, lane: _Lane, parked: dict[Any, None] | None, wake_at: float | None, now: float
+    ) -> None:
+        self._unpark(lane)
+        lane.parked_epoch = self._epoch
+        if parked is not None:
+            parked[lane] = None
+            lane.parked_on = parked
+        if wake_at is not None and self._loop is not None:
+            when = max(wake_at, now + MIN_TIMER_STEP_MS)
+            lane.timer = self._loop.call_at(when / 1000.0, self._on_lane_timer, lane)
+
+    def _unpark(self, lane: _Lane) -> None:
+        parked = lane.parked_on
+        if parked is not None:
+            parked.pop(lane, None)
+            lane.parked_on = None
+        if lane.timer is not None:
+            lane.timer.cancel()
+            lane.timer = None
+
+    def _make_ready(self, lane: _Lane, woken_from: dict[Any, None] | None = None) -> None:
+        self._unpark(lane)
+        if not lane.ready:
+            lane.ready = True
+            lane.woken_from = woken_from
+            self._ready.append(lane)
+
+    def _wake_one(self, parked: dict[Any, None]) -> None:
+        for lane in parked:
+            if lane.parked_epoch >= self._epoch and self._pumping:
+                return  # parked during this pump pass: nothing has changed for it yet
+            self._make_ready(lane, parked)
+            return
+
+    def _wake_all(self, parked: dict[Any, None]) -> None:
+        for lane in list(parked):
+            self._make_ready(lane)
+
+    def _on_lane_timer(self, lane: _Lane) -> None:
+        lane.timer = None
+        if lane.waiters:
+            self._make_ready(lane)
+            self._pump()
+
+    def _pump(self) -> None:
+        """Serve ready lanes round-robin, head first, until each is admitted from or parked."""
+        if self._pumping:
+            return
+        self._pumping = True
+        self._epoch += 1
+        ready = self._ready
+        try:
+            while ready:
+                lane = ready.popleft()
+                lane.ready = False
+                woken_from = lane.woken_from
+                lane.woken_from = None
+                self._serve(lane, woken_from)
+        finally:
+            self._pumping = False
+
+    def _serve(self, lane: _Lane, woken_from: dict[Any, None] | None) -> None:
+        while lane.waiters:
+            ticket = lane.head()
+            assert ticket is not None
+            now = self._clock.monotonic_ms()
+            reason = self._preflight(ticket, now)
+            if reason is not None:
+                self._reject_waiter(ticket, reason)
+                continue
+            defer = self._dispatch_check(ticket, now)
+            if defer is not None:
+                self._defer(lane, ticket, defer, now)
+                if woken_from is not None and woken_from:
+                    self._wake_one(woken_from)
+                return
+            future = ticket.future
+            self._dequeue(ticket)
+            lease = self._admit(ticket, now)
+            if future is not None and not future.done():
+                future.set_result(lease)
+            else:
+                lease.release(success=None)
+            if lane.waiters:
+                # Round robin: a lane that was served goes to the back of the rotation.
+                self._make_ready(lane)
+            return
+
+    # ------------------------------------------------------------- eviction
+
+    def _note_idle_principal(self, principal_id: str) -> None:
+        idle = self._idle_principals
+        idle[principal_id] = None
+        idle.move_to_end(principal_id)
+        limit = self._registry.max_idle_scopes
+        if len(idle) <= limit:
+            return
+        now = self._clock.monotonic_ms()
+        for _ in range(2):
+            if len(idle) <= limit:
+                return
+            candidate, _ = idle.popitem(last=False)
+            scope = self._principals.get(candidate)
+            if scope is None:
+                continue
+            if scope.active or scope.queued:
+                continue  # busy again; it will be noted idle when it is
+            if not scope.is_idle(now) or not self._pairs_idle(candidate):
+                idle[candidate] = None  # retry later, once its buckets have refilled
+                continue
+            del self._principals[candidate]
+            for provider in self._providers.values():
+                provider.pairs.pop(candidate, None)
+
+    def _pairs_idle(self, principal_id: str) -> bool:
+        for provider in self._providers.values():
+            pair = provider.pairs.get(principal_id)
+            if pair is not None and (pair.active or pair.queued or pair.parked):
+                return False
+        return True
+
+    def _note_idle(self) -> None:
+        self._registry._note_idle(self)

@@ -1,0 +1,229 @@
+"""One controller per workspace, the ledger of registered profile revisions, and listeners."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from admission.core.clock import SystemClock
+from admission.core.controller import AdmissionController
+from admission.core.errors import ProfileConflictError
+from admission.core.evidence import ProfileChangeRecord
+
+if TYPE_CHECKING:
+    from admission.core.clock import Clock
+    from admission.core.evidence import AdmissionEvidence, BreakerTransition
+    from admission.core.limits import Profile
+    from admission.core.request import AdmissionRequest
+
+logger = logging.getLogger(__name__)
+
+PROFILE_HISTORY = 256
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionEvent:
+    """One admission decision as the host's telemetry sees it; `defer` exists only here."""
+
+    decision: str
+    reason: str
+    request: AdmissionRequest
+    evidence: AdmissionEvidence | None
+
+
+@dataclass(slots=True)
+class _Ledger:
+    """Registered revisions of one workspace; kept for the life of the process."""
+
+    digests: dict[str, str] = field(default_factory=dict)
+    current: str | None = None
+    profile: Profile | None = None
+    history: deque[ProfileChangeRecord] = field(
+        default_factory=lambda: deque(maxlen=PROFILE_HISTORY)
+    )
+
+
+class AdmissionRegistry:
+    """The process-wide home of admission state, keyed by trusted workspace id."""
+
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        max_idle_scopes: int = 1024,
+        rng: random.Random | None = None,
+    ) -> None:
+        if type(max_idle_scopes) is not int or max_idle_scopes < 0:
+            raise ValueError("max_idle_scopes must be a non-negative integer")
+        self.clock: Clock = clock if clock is not None else SystemClock()
+        self.max_idle_scopes = max_idle_scopes
+        self.rng = rng if rng is not None else random.Random()
+        self._controllers: dict[str, AdmissionController] = {}
+        self._ledgers: dict[str, _Ledger] = {}
+        self._idle: OrderedDict[str, None] = OrderedDict()
+        self._profile_listeners: list[Callable[[ProfileChangeRecord], Any]] = []
+        self._breaker_listeners: list[Callable[[BreakerTransition], Any]] = []
+        self._decision_listeners: list[Callable[[DecisionEvent], Any]] = []
+
+    def register(self, profile: Profile) -> AdmissionController:
+        """Make `profile` current for its workspace; an earlier revision again is a rollback.
+
+        Raises `ProfileConflictError`, before anything changes, when the revision label is already
+        registered for the workspace with other limits.
+        """
+        workspace_id = profile.workspace_id
+        ledger = self._ledgers.get(workspace_id)
+        if ledger is None:
+            ledger = _Ledger()
+        known = ledger.digests.get(profile.profile_version)
+        if known is not None and known != profile.profile_digest:
+            raise ProfileConflictError(
+                workspace_id, profile.profile_version, known, profile.profile_digest
+            )
+        self._ledgers[workspace_id] = ledger
+        if ledger.current == profile.profile_version:
+            return self._controller_for(workspace_id, create=True)  # type: ignore[return-value]
+        if ledger.current is None:
+            kind = "initial"
+        elif known is not None:
+            kind = "rollback"
+        else:
+            kind = "change"
+        previous = ledger.current
+        ledger.digests[profile.profile_version] = profile.profile_digest
+        ledger.current = profile.profile_version
+        ledger.profile = profile
+        controller = self._controllers.get(workspace_id)
+        if controller is None:
+            controller = self._controller_for(workspace_id, create=True)
+        else:
+            controller._apply_profile(profile)
+        record = ProfileChangeRecord(
+            workspace_id=workspace_id,
+            kind=kind,
+            previous_profile_version=previous,
+            profile_version=profile.profile_version,
+            digest=profile.digest,
+            profile_digest=profile.profile_digest,
+            at_epoch_ms=self.clock.epoch_ms(),
+        )
+        ledger.history.append(record)
+        for callback in list(self._profile_listeners):
+            self._call(callback, record)
+        assert controller is not None
+        return controller
+
+    def controller(self, workspace_id: str) -> AdmissionController | None:
+        """The workspace's controller, or None when no profile was ever registered for it."""
+        return self._controller_for(workspace_id, create=True)
+
+    def current_profile(self, workspace_id: str) -> Profile | None:
+        ledger = self._ledgers.get(workspace_id)
+        return ledger.profile if ledger is not None else None
+
+    def profile_history(self, workspace_id: str) -> list[ProfileChangeRecord]:
+        """The bounded history of profile changes for the workspace, oldest first."""
+        ledger = self._ledgers.get(workspace_id)
+        return list(ledger.history) if ledger is not None else []
+
+    def registered_digest(self, workspace_id: str, profile_version: str) -> str | None:
+        """The `profileDigest` registered under this revision label, if any."""
+        ledger = self._ledgers.get(workspace_id)
+        return ledger.digests.get(profile_version) if ledger is not None else None
+
+    def on_profile_change(
+        self, callback: Callable[[ProfileChangeRecord], Any]
+    ) -> Callable[[], None]:
+        return self._subscribe(self._profile_listeners, callback)
+
+    def on_breaker_transition(
+        self, callback: Callable[[BreakerTransition], Any]
+    ) -> Callable[[], None]:
+        return self._subscribe(self._breaker_listeners, callback)
+
+    def on_decision(self, callback: Callable[[DecisionEvent], Any]) -> Callable[[], None]:
+        """Every admit, reject and defer decision, for telemetry; costs nothing when unused."""
+        return self._subscribe(self._decision_listeners, callback)
+
+    # ----------------------------------------------------------- internals
+
+    @staticmethod
+    def _subscribe(listeners: list[Any], callback: Callable[..., Any]) -> Callable[[], None]:
+        listeners.append(callback)
+
+        def unsubscribe() -> None:
+            if callback in listeners:
+                listeners.remove(callback)
+
+        return unsubscribe
+
+    @staticmethod
+    def _call(callback: Callable[..., Any], payload: Any) -> None:
+        try:
+            callback(payload)
+        except Exception:
+            # A failing listener never breaks admission.
+            logger.exception("admission listener %r failed", callback)
+
+    def _emit_breaker_transition(self, transition: BreakerTransition) -> None:
+        for callback in list(self._breaker_listeners):
+            self._call(callback, transition)
+
+    def _emit_decision(
+        self,
+        decision: str,
+        reason: str,
+        request: AdmissionRequest,
+        evidence: AdmissionEvidence | None,
+    ) -> None:
+        event = DecisionEvent(decision, reason, request, evidence)
+        for callback in list(self._decision_listeners):
+            self._call(callback, event)
+
+    def _controller_for(self, workspace_id: str, *, create: bool) -> AdmissionController | None:
+        controller = self._controllers.get(workspace_id)
+        if controller is not None or not create:
+            return controller
+        ledger = self._ledgers.get(workspace_id)
+        if ledger is None or ledger.profile is None:
+            return None
+        controller = AdmissionController(self, ledger.profile)
+        self._controllers[workspace_id] = controller
+        return controller
+
+    def _adopt(self, controller: AdmissionController) -> AdmissionController:
+        """The live controller for an evicted one's workspace; it takes its old place if free."""
+        live = self._controllers.get(controller.workspace_id)
+        if live is not None and live is not controller:
+            return live
+        controller._evicted = False
+        self._controllers[controller.workspace_id] = controller
+        ledger = self._ledgers[controller.workspace_id]
+        if ledger.profile is not None and ledger.profile is not controller._profile:
+            controller._apply_profile(ledger.profile)
+        return controller
+
+    def _note_idle(self, controller: AdmissionController) -> None:
+        idle = self._idle
+        workspace_id = controller.workspace_id
+        idle[workspace_id] = None
+        idle.move_to_end(workspace_id)
+        if len(idle) <= self.max_idle_scopes:
+            return
+        now = self.clock.monotonic_ms()
+        for _ in range(2):
+            if len(idle) <= self.max_idle_scopes:
+                return
+            candidate, _ = idle.popitem(last=False)
+            existing = self._controllers.get(candidate)
+            if existing is None:
+                continue
+            if existing._is_idle(now):
+                # Only state is dropped; the ledger of revisions stays.
+                existing._evicted = True
+                del self._controllers[candidate]
+            elif not existing._leases and not existing._waiting:
+                idle[candidate] = None
