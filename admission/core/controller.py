@@ -9,6 +9,7 @@ open breaker), so releasing a permit only looks at lanes that the release can he
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
@@ -318,7 +319,7 @@ class AdmissionController:
         owner._note_idle()
 
     def coordinate_retry_after(self, provider_id: str, ms: float) -> None:
-        """Pause the workspace's lane of this provider for `ms` (starts or extends, never shortens)."""
+        """Pause this provider lane for `ms` milliseconds (starts or extends, never shortens)."""
         if not _valid_amount(ms):
             raise ValueError("retry-after milliseconds must be a finite non-negative number")
         owner = self._current()
@@ -726,9 +727,13 @@ class AdmissionController:
             breaker.probes -= 1
         if retry_after_ms is not None:
             self._pause(provider, now, retry_after_ms)
-        elif success is not None and breaker is not None and provider.breaker_config is not None:
-            if lease._generation == breaker.generation:
-                closed_now = self._breaker_outcome(provider, lease, success, now)
+        elif (
+            success is not None
+            and breaker is not None
+            and provider.breaker_config is not None
+            and lease._generation == breaker.generation
+        ):
+            closed_now = self._breaker_outcome(provider, lease, success, now)
         if principal.parked:
             self._wake_one(principal.parked)
         if pair.parked:
@@ -926,10 +931,8 @@ class AdmissionController:
             self._unpark(lane)
             if lane.ready:
                 lane.ready = False
-                try:
+                with contextlib.suppress(ValueError):
                     self._ready.remove(lane)
-                except ValueError:
-                    pass
             del self._lanes[lane.key]
 
     def _remove(self, ticket: _Ticket) -> None:

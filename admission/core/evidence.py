@@ -30,7 +30,7 @@ class BreakerTransition:
 
 @dataclass(frozen=True, slots=True)
 class ProfileChangeRecord:
-    """A change of a workspace's current profile revision (`decision-admission-profile-change/v1`)."""
+    """A change of a workspace's current revision: `decision-admission-profile-change/v1`."""
 
     workspace_id: str
     kind: str

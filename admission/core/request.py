@@ -82,7 +82,7 @@ class AdmissionRequest:
         self.signal = signal
 
     def __repr__(self) -> str:
-        # Principal and workspace ids are trusted identities; keep them out of reprs that reach logs.
+        # Principal and workspace ids are trusted identities: keep them out of logged reprs.
         return (
             f"AdmissionRequest(budget_id={self.budget_id!r}, provider_id={self.provider_id!r}, "
             f"deadline_ms={self.deadline_ms!r})"
