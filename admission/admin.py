@@ -1,0 +1,472 @@
+"""Admin workflow for profiles: propose, decide, activate, roll back; audit rows read-only.
+
+Every write goes through `admission.services`; the admin only renders forms and reports.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from admission import selectors, services
+from admission.core import InvalidProfileError
+from admission.forms import (
+    ProfileDecisionForm,
+    ProfileProposeForm,
+    RollbackDecisionForm,
+    runbook_url,
+)
+from admission.models import (
+    RUNBOOK_ID,
+    ProfileApproval,
+    ProfileChangeRecord,
+    ProfileVersion,
+    RollbackRequest,
+    Workspace,
+)
+
+APPROVE_PERMISSION = "admission.approve_profileversion"
+ACTIVATE_PERMISSION = "admission.activate_profileversion"
+
+
+def _pretty(document: Any) -> str:
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def profile_diff_html(old: ProfileVersion | None, new_document: Any, new_label: str) -> SafeString:
+    """A unified diff of two documents (keys sorted), as a <pre> block with marked lines."""
+    old_text = _pretty(old.document).splitlines() if old is not None else []
+    lines = list(
+        difflib.unified_diff(
+            old_text,
+            _pretty(new_document).splitlines(),
+            fromfile=old.profile_version if old is not None else "(no current version)",
+            tofile=new_label,
+            lineterm="",
+        )
+    )
+    if not lines:
+        return format_html('<pre class="profile-diff">{}</pre>', "(no difference)")
+    classes = {"+": "diff-add", "-": "diff-del", "@": "diff-hunk"}
+    body = format_html_join(
+        "\n",
+        '<span class="{}">{}</span>',
+        ((classes.get(line[:1], "diff-ctx"), line) for line in lines),
+    )
+    return format_html('<pre class="profile-diff">{}</pre>', body)
+
+
+class ReadOnlyAdminMixin:
+    """Audit rows: viewable, never added, changed or deleted from the admin."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)  # type: ignore[misc]
+        actions.pop("delete_selected", None)
+        return actions
+
+
+class WorkflowPermissionsMixin:
+    """The custom permissions that guard the workflow actions."""
+
+    def has_approve_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(APPROVE_PERMISSION)
+
+    def has_activate_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(ACTIVATE_PERMISSION)
+
+
+def _run_per_object(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    objects: QuerySet[Any],
+    operation: Callable[[Any], str],
+) -> None:
+    """Apply `operation` to each object; report each success and each refusal on its own."""
+    for obj in objects:
+        try:
+            done = operation(obj)
+        except (services.ProfileServiceError, InvalidProfileError) as error:
+            model_admin.message_user(request, f"{obj}: {error}", messages.ERROR)
+        else:
+            model_admin.message_user(request, done, messages.SUCCESS)
+
+
+class ProfileApprovalInline(admin.TabularInline):
+    model = ProfileApproval
+    fk_name = "version"
+    extra = 0
+    can_delete = False
+    fields = ("decision", "approver", "runbook", "checklist", "comment", "decided_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Workspace)
+class WorkspaceAdmin(admin.ModelAdmin):
+    list_display = ("key", "name", "created_at")
+    search_fields = ("key", "name")
+    filter_horizontal = ("members",)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        # The key is the core's workspace_id; renaming it would orphan the ledger's identity.
+        return ("key", "created_at") if obj is not None else ("created_at",)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(ProfileVersion)
+class ProfileVersionAdmin(WorkflowPermissionsMixin, admin.ModelAdmin):
+    list_display = (
+        "profile_version",
+        "workspace",
+        "status",
+        "proposed_by",
+        "created_at",
+        "short_profile_digest",
+    )
+    list_filter = ("workspace", "created_at")
+    search_fields = ("profile_version", "workspace__key")
+    readonly_fields = (
+        "workspace",
+        "profile_version",
+        "status",
+        "proposed_by",
+        "created_at",
+        "digest",
+        "profile_digest",
+        "document_pretty",
+        "diff_to_current",
+    )
+    fields = readonly_fields
+    inlines = (ProfileApprovalInline,)
+    actions = ("approve_selected", "reject_selected", "activate_selected", "request_rollback")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ProfileVersion]:
+        return selectors.profile_version_queryset()
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
+
+    @admin.display(description="status")
+    def status(self, obj: ProfileVersion) -> str:
+        return selectors.version_status(obj)
+
+    @admin.display(description="profile digest")
+    def short_profile_digest(self, obj: ProfileVersion) -> str:
+        return obj.profile_digest[:19] + "…"
+
+    @admin.display(description="document")
+    def document_pretty(self, obj: ProfileVersion) -> SafeString:
+        return format_html('<pre class="profile-json">{}</pre>', _pretty(obj.document))
+
+    @admin.display(description="diff against the current version")
+    def diff_to_current(self, obj: ProfileVersion) -> SafeString | str:
+        if obj.pk == getattr(obj, "current_version_id", None):
+            return "This is the current version."
+        base = selectors.workspace_current_version(workspace=obj.workspace)
+        return profile_diff_html(base, obj.document, obj.profile_version)
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Propose a version: a JSON editor, a diff preview, and the propose service."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        diff = None
+        if request.method == "POST":
+            form = ProfileProposeForm(request.POST, user=request.user)
+            if form.is_valid():
+                workspace = form.cleaned_data["workspace"]
+                document = form.cleaned_data["document"]
+                if "_preview" in request.POST:
+                    current = selectors.workspace_current_version(workspace=workspace)
+                    diff = profile_diff_html(current, document, str(document["profileVersion"]))
+                else:
+                    try:
+                        version = services.profile_version_propose(
+                            workspace=workspace, document=document, proposed_by=request.user
+                        )
+                    except (services.ProfileServiceError, InvalidProfileError) as error:
+                        form.add_error("document", str(error))
+                    else:
+                        self.log_addition(request, version, [{"added": {}}])
+                        self.message_user(
+                            request,
+                            f"Proposed {version}. A second operator approves it under "
+                            f"{RUNBOOK_ID}.",
+                            messages.SUCCESS,
+                        )
+                        return HttpResponseRedirect(
+                            reverse("admin:admission_profileversion_change", args=[version.pk])
+                        )
+        else:
+            form = ProfileProposeForm(initial=request.GET.dict(), user=request.user)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Propose a profile version",
+            "form": form,
+            "diff": diff,
+            "runbook_url": runbook_url(),
+            "runbook_id": RUNBOOK_ID,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/admission/profileversion/propose.html", context)
+
+    def _decision_page(
+        self, request: HttpRequest, queryset: QuerySet[ProfileVersion], decision: str
+    ) -> TemplateResponse | None:
+        if "post" in request.POST:
+            form = ProfileDecisionForm(request.POST, decision=decision)
+            if form.is_valid():
+                comment = form.cleaned_data["comment"]
+                checklist = form.checklist()
+
+                def decide(version: ProfileVersion) -> str:
+                    if decision == "approve":
+                        services.profile_version_approve(
+                            version=version,
+                            approver=request.user,
+                            checklist=checklist,
+                            comment=comment,
+                        )
+                        return f"Approved {version}."
+                    services.profile_version_reject(
+                        version=version, approver=request.user, checklist=checklist, comment=comment
+                    )
+                    return f"Rejected {version}."
+
+                _run_per_object(self, request, queryset, decide)
+                return None
+        else:
+            form = ProfileDecisionForm(decision=decision)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"{decision.capitalize()} profile versions under {RUNBOOK_ID}",
+            "form": form,
+            "decision": decision,
+            "action": f"{decision}_selected",
+            "objects": list(queryset),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "runbook_url": runbook_url(),
+            "runbook_id": RUNBOOK_ID,
+        }
+        return TemplateResponse(request, "admin/admission/decide.html", context)
+
+    @admin.action(
+        description="Approve selected versions (runbook checklist)", permissions=["approve"]
+    )
+    def approve_selected(
+        self, request: HttpRequest, queryset: QuerySet[ProfileVersion]
+    ) -> TemplateResponse | None:
+        return self._decision_page(request, queryset, "approve")
+
+    @admin.action(description="Reject selected versions", permissions=["approve"])
+    def reject_selected(
+        self, request: HttpRequest, queryset: QuerySet[ProfileVersion]
+    ) -> TemplateResponse | None:
+        return self._decision_page(request, queryset, "reject")
+
+    @admin.action(description="Activate selected approved versions", permissions=["activate"])
+    def activate_selected(self, request: HttpRequest, queryset: QuerySet[ProfileVersion]) -> None:
+        def activate(version: ProfileVersion) -> str:
+            record = services.profile_version_activate(version=version, actor=request.user)
+            return f"Activated {version} ({record.kind})."
+
+        # Oldest first, so several versions of one workspace activate in proposal order.
+        _run_per_object(self, request, queryset.order_by("created_at", "id"), activate)
+
+    @admin.action(
+        description="Request a rollback to the selected version", permissions=["activate"]
+    )
+    def request_rollback(self, request: HttpRequest, queryset: QuerySet[ProfileVersion]) -> None:
+        def request_one(version: ProfileVersion) -> str:
+            services.rollback_request_create(
+                workspace=version.workspace, target=version, requested_by=request.user
+            )
+            return f"Requested a rollback to {version}; a second operator must approve it."
+
+        _run_per_object(self, request, queryset, request_one)
+
+
+@admin.register(RollbackRequest)
+class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = (
+        "workspace",
+        "target",
+        "status",
+        "requested_by",
+        "decided_by",
+        "created_at",
+        "decided_at",
+    )
+    list_filter = ("status", "workspace")
+    list_select_related = ("workspace", "target__workspace", "requested_by", "decided_by")
+    readonly_fields = (
+        "workspace",
+        "target",
+        "status",
+        "requested_by",
+        "reason",
+        "decided_by",
+        "comment",
+        "created_at",
+        "decided_at",
+    )
+    fields = readonly_fields
+    actions = ("approve_rollbacks", "reject_rollbacks")
+
+    def _decision_page(
+        self, request: HttpRequest, queryset: QuerySet[RollbackRequest], decision: str
+    ) -> TemplateResponse | None:
+        if "post" in request.POST:
+            form = RollbackDecisionForm(request.POST, decision=decision)
+            if form.is_valid():
+                comment = form.cleaned_data["comment"]
+
+                def decide(rollback: RollbackRequest) -> str:
+                    if decision == "approve":
+                        record = services.rollback_request_approve(
+                            request=rollback, approver=request.user, comment=comment
+                        )
+                        return f"Rolled {rollback.workspace} back to {record.profile_version}."
+                    services.rollback_request_reject(
+                        request=rollback, approver=request.user, comment=comment
+                    )
+                    return f"Rejected the rollback of {rollback.workspace}."
+
+                _run_per_object(self, request, queryset, decide)
+                return None
+        else:
+            form = RollbackDecisionForm(decision=decision)
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"{decision.capitalize()} rollback requests",
+            "form": form,
+            "decision": decision,
+            "action": f"{decision}_rollbacks",
+            "objects": list(queryset),
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "runbook_url": runbook_url(),
+            "runbook_id": RUNBOOK_ID,
+        }
+        return TemplateResponse(request, "admin/admission/decide.html", context)
+
+    @admin.action(
+        description="Approve selected rollbacks (activates the target)", permissions=["approve"]
+    )
+    def approve_rollbacks(
+        self, request: HttpRequest, queryset: QuerySet[RollbackRequest]
+    ) -> TemplateResponse | None:
+        return self._decision_page(request, queryset, "approve")
+
+    @admin.action(description="Reject selected rollbacks", permissions=["approve"])
+    def reject_rollbacks(
+        self, request: HttpRequest, queryset: QuerySet[RollbackRequest]
+    ) -> TemplateResponse | None:
+        return self._decision_page(request, queryset, "reject")
+
+
+@admin.register(ProfileApproval)
+class ProfileApprovalAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = ("version", "decision", "approver", "proposed_by", "runbook", "decided_at")
+    list_filter = ("decision", "runbook", "version__workspace", "decided_at")
+    list_select_related = ("version__workspace", "approver", "proposed_by")
+    search_fields = ("version__profile_version", "version__workspace__key")
+    readonly_fields = (
+        "version",
+        "decision",
+        "approver",
+        "proposed_by",
+        "runbook",
+        "checklist",
+        "comment",
+        "decided_at",
+    )
+    fields = readonly_fields
+
+
+@admin.register(ProfileChangeRecord)
+class ProfileChangeRecordAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+    list_display = (
+        "at",
+        "workspace",
+        "kind",
+        "previous_profile_version",
+        "profile_version",
+        "short_digest",
+        "actor",
+        "approval",
+    )
+    list_filter = ("kind", "workspace", "at")
+    list_select_related = (
+        "workspace",
+        "actor",
+        "approval__version__workspace",
+        "approval__approver",
+    )
+    search_fields = ("profile_version", "previous_profile_version", "workspace__key")
+    date_hierarchy = "at"
+    readonly_fields = (
+        "workspace",
+        "kind",
+        "previous_profile_version",
+        "profile_version",
+        "digest",
+        "profile_digest",
+        "at",
+        "at_epoch_ms",
+        "actor",
+        "approval",
+        "rollback_request",
+        "record_json",
+    )
+    fields = readonly_fields
+
+    @admin.display(description="digest")
+    def short_digest(self, obj: ProfileChangeRecord) -> str:
+        return obj.digest[:19] + "…"
+
+    @admin.display(description="decision-admission-profile-change/v1")
+    def record_json(self, obj: ProfileChangeRecord) -> SafeString:
+        return format_html("<pre>{}</pre>", json.dumps(obj.to_dict(), indent=2))

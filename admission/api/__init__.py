@@ -1,0 +1,1 @@
+"""REST API for workspaces, profile versions and the profile-change history."""

@@ -1,0 +1,148 @@
+"""API representations; record fields keep the camelCase names of the JSON interchange."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from admission import selectors
+from admission.models import (
+    CHANGE_RECORD_SCHEMA,
+    ProfileApproval,
+    ProfileChangeRecord,
+    ProfileVersion,
+    RollbackRequest,
+    Workspace,
+)
+
+
+class WorkspaceSerializer(serializers.ModelSerializer):
+    currentProfileVersion = serializers.CharField(
+        source="current_profile_version", read_only=True, allow_null=True
+    )
+    createdAt = serializers.DateTimeField(source="created_at", read_only=True)
+
+    class Meta:
+        model = Workspace
+        fields = ("key", "name", "currentProfileVersion", "createdAt")
+
+
+class ProfileApprovalSerializer(serializers.ModelSerializer):
+    approver = serializers.CharField(source="approver.username", read_only=True)
+    decidedAt = serializers.DateTimeField(source="decided_at", read_only=True)
+    checklist = serializers.DictField(child=serializers.BooleanField(), read_only=True)
+
+    class Meta:
+        model = ProfileApproval
+        fields = ("decision", "approver", "runbook", "checklist", "comment", "decidedAt")
+
+
+class ProfileVersionSerializer(serializers.ModelSerializer):
+    workspaceId = serializers.CharField(source="workspace.key", read_only=True)
+    profileVersion = serializers.CharField(source="profile_version", read_only=True)
+    profileDigest = serializers.CharField(source="profile_digest", read_only=True)
+    proposedBy = serializers.CharField(source="proposed_by.username", read_only=True)
+    createdAt = serializers.DateTimeField(source="created_at", read_only=True)
+    status = serializers.SerializerMethodField()
+    document = serializers.JSONField(read_only=True)
+    approvals = ProfileApprovalSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = ProfileVersion
+        fields = (
+            "workspaceId",
+            "profileVersion",
+            "status",
+            "digest",
+            "profileDigest",
+            "proposedBy",
+            "createdAt",
+            "document",
+            "approvals",
+        )
+
+    def get_status(self, obj: ProfileVersion) -> str:
+        """proposed, approved, rejected, active or superseded."""
+        return selectors.version_status(obj)
+
+
+class ProfileProposeSerializer(serializers.Serializer):
+    document = serializers.JSONField(
+        help_text="The whole profile document: profileVersion, workspace, providers, principals."
+    )
+
+    def validate_document(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("the profile document must be a JSON object")
+        return value
+
+
+class ChangeApprovalSerializer(serializers.ModelSerializer):
+    approver = serializers.CharField(source="approver.username", read_only=True)
+    decidedAt = serializers.DateTimeField(source="decided_at", read_only=True)
+
+    class Meta:
+        model = ProfileApproval
+        fields = ("decision", "approver", "runbook", "decidedAt")
+
+
+class ChangeRollbackSerializer(serializers.ModelSerializer):
+    requestedBy = serializers.CharField(source="requested_by.username", read_only=True)
+
+    class Meta:
+        model = RollbackRequest
+        fields = ("requestedBy", "reason", "comment")
+
+
+class ProfileChangeRecordSerializer(serializers.ModelSerializer):
+    """The `decision-admission-profile-change/v1` record plus who did it and under what approval."""
+
+    schema = serializers.SerializerMethodField()
+    workspaceId = serializers.CharField(source="workspace.key", read_only=True)
+    previousProfileVersion = serializers.CharField(
+        source="previous_profile_version", read_only=True, allow_null=True
+    )
+    profileVersion = serializers.CharField(source="profile_version", read_only=True)
+    profileDigest = serializers.CharField(source="profile_digest", read_only=True)
+    atEpochMs = serializers.FloatField(source="at_epoch_ms", read_only=True)
+    actor = serializers.CharField(source="actor.username", read_only=True)
+    approval = ChangeApprovalSerializer(read_only=True)
+    rollbackRequest = ChangeRollbackSerializer(
+        source="rollback_request", read_only=True, allow_null=True
+    )
+
+    class Meta:
+        model = ProfileChangeRecord
+        fields = (
+            "id",
+            "schema",
+            "workspaceId",
+            "kind",
+            "previousProfileVersion",
+            "profileVersion",
+            "digest",
+            "profileDigest",
+            "atEpochMs",
+            "at",
+            "actor",
+            "approval",
+            "rollbackRequest",
+        )
+
+    def get_schema(self, obj: ProfileChangeRecord) -> str:
+        return CHANGE_RECORD_SCHEMA
+
+
+class ErrorBodySerializer(serializers.Serializer):
+    type = serializers.CharField()
+    detail = serializers.CharField(required=False)
+    fields = serializers.DictField(
+        child=serializers.ListField(child=serializers.CharField()), required=False
+    )
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error shape of the API (config.api_errors)."""
+
+    error = ErrorBodySerializer()

@@ -1,0 +1,173 @@
+"""Thin API views: find the caller's workspace, read via selectors, write via services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import generics, status, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from admission import selectors, services
+from admission.api.filters import ProfileHistoryFilter
+from admission.api.pagination import ProfileHistoryPagination, ProfileVersionPagination
+from admission.api.permissions import WorkspaceAccess
+from admission.api.serializers import (
+    ErrorSerializer,
+    ProfileChangeRecordSerializer,
+    ProfileProposeSerializer,
+    ProfileVersionSerializer,
+    WorkspaceSerializer,
+)
+from admission.core import InvalidProfileError
+from admission.models import ProfileChangeRecord, ProfileVersion, Workspace
+
+WORKSPACE_KEY = OpenApiParameter(
+    "workspace_key",
+    OpenApiTypes.STR,
+    OpenApiParameter.PATH,
+    description="The workspace's key (the admission core's workspace_id).",
+)
+NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such workspace visible to you.")
+
+
+@extend_schema(tags=["workspaces"])
+class WorkspaceViewSet(viewsets.ReadOnlyModelViewSet):
+    """Workspaces the caller belongs to (staff with the view permission: all)."""
+
+    serializer_class = WorkspaceSerializer
+    lookup_field = "key"
+    lookup_value_regex = r"[-a-zA-Z0-9_]+"
+    filter_backends: list[Any] = []
+
+    def get_queryset(self) -> QuerySet[Workspace]:
+        return selectors.workspace_list_for_user(
+            user=self.request.user, permission="admission.view_workspace"
+        )
+
+
+class WorkspaceScopedMixin:
+    """Resolves `workspace_key` to a workspace visible to the caller, or answers 404."""
+
+    request: Request
+    kwargs: dict[str, Any]
+    workspace_permission = "admission.view_workspace"
+    _workspace: Workspace | None = None
+
+    def get_workspace(self) -> Workspace:
+        if self._workspace is None:
+            workspace = selectors.workspace_get_for_user(
+                user=self.request.user,
+                key=self.kwargs["workspace_key"],
+                permission=self.workspace_permission,
+            )
+            if workspace is None:
+                raise Http404("No such workspace.")
+            self._workspace = workspace
+        return self._workspace
+
+
+@extend_schema(
+    tags=["profiles"],
+    parameters=[WORKSPACE_KEY],
+    responses={200: ProfileChangeRecordSerializer(many=True), 404: NOT_FOUND},
+)
+class ProfileHistoryView(WorkspaceScopedMixin, generics.ListAPIView):
+    """The workspace's `decision-admission-profile-change/v1` records, newest first."""
+
+    serializer_class = ProfileChangeRecordSerializer
+    permission_classes = [IsAuthenticated, WorkspaceAccess]
+    pagination_class = ProfileHistoryPagination
+    filterset_class = ProfileHistoryFilter
+    workspace_permission = "admission.view_profilechangerecord"
+
+    def get_queryset(self) -> QuerySet[ProfileChangeRecord]:
+        if getattr(self, "swagger_fake_view", False):
+            return ProfileChangeRecord.objects.none()
+        return selectors.profile_history_list(workspace=self.get_workspace())
+
+
+class ProfileVersionListView(WorkspaceScopedMixin, generics.ListCreateAPIView):
+    """Profile versions of a workspace with their decisions and digests; POST proposes one."""
+
+    serializer_class = ProfileVersionSerializer
+    permission_classes = [IsAuthenticated, WorkspaceAccess]
+    pagination_class = ProfileVersionPagination
+    filter_backends: list[Any] = []
+    workspace_permission = "admission.view_profileversion"
+
+    def get_queryset(self) -> QuerySet[ProfileVersion]:
+        if getattr(self, "swagger_fake_view", False):
+            return ProfileVersion.objects.none()
+        return selectors.profile_version_list(workspace=self.get_workspace())
+
+    @extend_schema(
+        tags=["profiles"],
+        parameters=[WORKSPACE_KEY],
+        responses={200: ProfileVersionSerializer(many=True), 404: NOT_FOUND},
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        tags=["profiles"],
+        parameters=[WORKSPACE_KEY],
+        request=ProfileProposeSerializer,
+        responses={
+            201: ProfileVersionSerializer,
+            200: OpenApiResponse(
+                ProfileVersionSerializer, description="The same document was already proposed."
+            ),
+            400: OpenApiResponse(ErrorSerializer, description="Invalid or conflicting document."),
+            404: NOT_FOUND,
+        },
+    )
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        payload = ProfileProposeSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            version = services.profile_version_propose(
+                workspace=self.get_workspace(),
+                document=payload.validated_data["document"],
+                proposed_by=request.user,
+            )
+        except services.ProfileVersionDuplicate as duplicate:
+            return Response(self._represent(duplicate.version), status=status.HTTP_200_OK)
+        except (InvalidProfileError, services.ProfileServiceError) as error:
+            raise ValidationError({"document": [str(error)]}) from error
+        return Response(self._represent(version), status=status.HTTP_201_CREATED)
+
+    def _represent(self, version: ProfileVersion) -> dict[str, Any]:
+        annotated = self.get_queryset().get(pk=version.pk)
+        return ProfileVersionSerializer(annotated, context=self.get_serializer_context()).data
+
+
+@extend_schema(
+    tags=["profiles"],
+    parameters=[
+        WORKSPACE_KEY,
+        OpenApiParameter(
+            "profile_version", OpenApiTypes.STR, OpenApiParameter.PATH, description="The label."
+        ),
+    ],
+    responses={200: ProfileVersionSerializer, 404: NOT_FOUND},
+)
+class ProfileVersionDetailView(WorkspaceScopedMixin, generics.RetrieveAPIView):
+    """One profile version by its `profileVersion` label."""
+
+    serializer_class = ProfileVersionSerializer
+    permission_classes = [IsAuthenticated, WorkspaceAccess]
+    filter_backends: list[Any] = []
+    lookup_field = "profile_version"
+    workspace_permission = "admission.view_profileversion"
+
+    def get_queryset(self) -> QuerySet[ProfileVersion]:
+        if getattr(self, "swagger_fake_view", False):
+            return ProfileVersion.objects.none()
+        return selectors.profile_version_list(workspace=self.get_workspace())

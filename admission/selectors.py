@@ -1,0 +1,154 @@
+"""The read path for profiles: every query the admin, API and commands need, in one place."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Subquery
+
+from admission.models import (
+    ProfileApproval,
+    ProfileChangeRecord,
+    ProfileVersion,
+    RollbackRequest,
+    Workspace,
+)
+
+User = AbstractBaseUser | AnonymousUser
+
+
+def workspace_list_for_user(*, user: User, permission: str | None = None) -> QuerySet[Workspace]:
+    """Workspaces `user` belongs to, with `current_profile_version`; staff holding `permission`
+    see every workspace."""
+    current = (
+        ProfileChangeRecord.objects.filter(workspace=OuterRef("pk"))
+        .order_by("-id")
+        .values("profile_version")[:1]
+    )
+    workspaces = Workspace.objects.annotate(current_profile_version=Subquery(current)).order_by(
+        "key"
+    )
+    if not user.is_authenticated:
+        return workspaces.none()
+    if user.is_staff and permission is not None and user.has_perm(permission):
+        return workspaces
+    return workspaces.filter(members=user)
+
+
+def workspace_get_for_user(
+    *, user: User, key: str, permission: str | None = None
+) -> Workspace | None:
+    """One visible workspace by key, or None (callers answer 404 either way)."""
+    return workspace_list_for_user(user=user, permission=permission).filter(key=key).first()
+
+
+def workspace_get(*, key: str) -> Workspace | None:
+    return Workspace.objects.filter(key=key).first()
+
+
+def workspace_current_version(*, workspace: Workspace) -> ProfileVersion | None:
+    """The version of the latest activation: the ledger's order is activation order."""
+    record = (
+        ProfileChangeRecord.objects.filter(workspace=workspace)
+        .select_related("version__workspace")
+        .order_by("-id")
+        .first()
+    )
+    return record.version if record is not None else None
+
+
+def profile_version_get(*, workspace: Workspace, label: str) -> ProfileVersion | None:
+    return (
+        ProfileVersion.objects.select_related("workspace", "proposed_by")
+        .filter(workspace=workspace, profile_version=label)
+        .first()
+    )
+
+
+def profile_version_approval(*, version: ProfileVersion) -> ProfileApproval | None:
+    return version.approvals.select_related("approver").first()
+
+
+def profile_version_was_activated(*, version: ProfileVersion) -> bool:
+    return ProfileChangeRecord.objects.filter(version=version).exists()
+
+
+def profile_version_queryset() -> QuerySet[ProfileVersion]:
+    """Versions with decisions prefetched and `was_activated` / `current_version_id` annotated."""
+    current = (
+        ProfileChangeRecord.objects.filter(workspace=OuterRef("workspace"))
+        .order_by("-id")
+        .values("version_id")[:1]
+    )
+    return (
+        ProfileVersion.objects.select_related("workspace", "proposed_by")
+        .prefetch_related(
+            Prefetch(
+                "approvals",
+                queryset=ProfileApproval.objects.select_related("approver", "proposed_by"),
+            )
+        )
+        .annotate(
+            was_activated=Exists(ProfileChangeRecord.objects.filter(version=OuterRef("pk"))),
+            current_version_id=Subquery(current),
+        )
+        .order_by("-created_at", "-id")
+    )
+
+
+def profile_version_list(*, workspace: Workspace) -> QuerySet[ProfileVersion]:
+    """One workspace's versions, newest first, annotated as `profile_version_queryset`."""
+    return profile_version_queryset().filter(workspace=workspace)
+
+
+def profile_version_diff_base(*, version: ProfileVersion) -> ProfileVersion | None:
+    """The version to compare `version` with: the workspace's current one, unless it is itself."""
+    current = workspace_current_version(workspace=version.workspace)
+    if current is not None and current.pk == version.pk:
+        return None
+    return current
+
+
+def profile_history_list(
+    *,
+    workspace: Workspace,
+    kind: str | None = None,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+) -> QuerySet[ProfileChangeRecord]:
+    """Change records of one workspace, newest first, with everything a listing shows joined."""
+    records = ProfileChangeRecord.objects.filter(workspace=workspace).select_related(
+        "workspace", "actor", "approval__approver", "rollback_request__requested_by"
+    )
+    if kind:
+        records = records.filter(kind=kind)
+    if since is not None:
+        records = records.filter(at__gte=since)
+    if until is not None:
+        records = records.filter(at__lte=until)
+    return records.order_by("-at", "-id")
+
+
+def rollback_request_pending(*, workspace: Workspace) -> RollbackRequest | None:
+    return (
+        RollbackRequest.objects.filter(workspace=workspace, status=RollbackRequest.Status.PENDING)
+        .select_related("target__workspace", "requested_by")
+        .first()
+    )
+
+
+def version_status(version: ProfileVersion) -> str:
+    """A one-word state: proposed, approved, rejected, active or superseded.
+
+    Expects a row from `profile_version_queryset` (annotations and prefetched decisions).
+    """
+    if version.pk == getattr(version, "current_version_id", None):
+        return "active"
+    if getattr(version, "was_activated", False):
+        return "superseded"
+    approvals: list[Any] = list(version.approvals.all())
+    if not approvals:
+        return "proposed"
+    return "approved" if approvals[0].decision == ProfileApproval.Decision.APPROVE else "rejected"
