@@ -324,7 +324,7 @@ class AdmissionController:
             raise ValueError("retry-after milliseconds must be a finite non-negative number")
         owner = self._current()
         scope = owner._provider_scope(provider_id)
-        if scope is None:
+        if scope is None or not scope.configured:
             raise ValueError("provider is not configured in the current profile")
         now = owner._clock.monotonic_ms()
         owner._pause(scope, now, float(ms))
@@ -347,10 +347,14 @@ class AdmissionController:
             limits = profile.principals.get(principal_id)
             if limits is not None:
                 scope.apply(limits, now)
+            else:
+                scope.configured = False
         for provider_id, scope in self._providers.items():
             limits = profile.providers.get(provider_id)
             if limits is not None:
                 scope.apply(limits, now)
+            else:
+                scope.configured = False
         self._recompute_reservations()
         for lane in self._lanes.values():
             for ticket in lane.waiters:
@@ -419,10 +423,10 @@ class AdmissionController:
         if signal is not None and signal.cancelled:
             return "cancelled"
         principal = self._principal_scope(request.principal_id)
-        if principal is None:
+        if principal is None or not principal.configured:
             return "unconfigured-principal"
         provider = self._provider_scope(request.provider_id)
-        if provider is None:
+        if provider is None or not provider.configured:
             return "unconfigured-provider"
         ticket.P = principal
         ticket.V = provider

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 PROFILE_CHANGE_SCHEMA = "decision-admission-profile-change/v1"
 
@@ -53,8 +53,7 @@ class ProfileChangeRecord:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class QueueSnapshot:
+class QueueSnapshot(NamedTuple):
     """A principal's active permits and waiting requests in one controller."""
 
     active: int

@@ -88,6 +88,7 @@ class Scope:
         "breaker",
         "breaker_config",
         "budgets",
+        "configured",
         "has_budgets",
         "key",
         "kind",
@@ -126,10 +127,13 @@ class Scope:
         self.unused_reserved = 0
         self.limits = limits
         self.has_budgets = False
+        # False once a newer profile no longer names this scope; its counters live on.
+        self.configured = True
         self.apply(limits, now_ms)
 
     def apply(self, limits: Limits, now_ms: float) -> None:
         self.limits = limits
+        self.configured = True
         self.has_budgets = (
             limits.max_attempts is not None
             or limits.max_cost_usd is not None
