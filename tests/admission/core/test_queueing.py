@@ -1,4 +1,4 @@
-"""CNC-ADMIT-011..014, 019..021: queue bounds, expiry, deadlines, cancellation, fairness, evidence."""
+"""CNC-ADMIT-011..014, 019..021: queues, expiry, deadlines, cancellation, fairness, evidence."""
 
 from __future__ import annotations
 
