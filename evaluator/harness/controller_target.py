@@ -1,0 +1,322 @@
+"""The admission-controller path: the whole load + spike + soak schedule on virtual time.
+
+Every arrival is one invocation with its own budget id. Its attempts ask the controller for a
+lease, hold it for the arrival's service time on a fake provider, and release it with the
+outcome. A first-attempt failure is released as a provider failure and retried once after
+``retryBackoffMs``; a cancellation fires the arrival's ``CancelSignal`` at ``cancelAtMs``, which
+stops the call wherever it is (queued, in flight or in its backoff).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+from admission.core import (
+    AdmissionRegistry,
+    AdmissionRejected,
+    AdmissionRequest,
+    CancelSignal,
+    Estimate,
+    Profile,
+    VirtualTimeLoop,
+)
+from evaluator.harness.arrivals import Arrival, ArrivalModel, iter_arrivals
+from evaluator.harness.manifests import LoadManifest
+from evaluator.harness.records import MODE_OFFLINE
+from evaluator.harness.tally import LoadTally
+from evaluator.harness.target import Progress, TargetRun, window
+
+__all__ = ["WORKSPACE_ID", "estimate_for", "run_controller_target"]
+
+WORKSPACE_ID = "load-harness"
+# Dollars per estimated token: the manifests pin cost ceilings but no price, so the harness
+# declares one; every estimate is known, because unknown cost fails closed under maxCostUsd.
+USD_PER_TOKEN = 0.000002
+
+# Asking for a lease, waiting in the controller's queue, holding one, backing off, stopped.
+_ASKING, _WAITING, _ACTIVE, _BACKOFF, _DONE = range(5)
+
+
+def estimate_for(tokens: int) -> Estimate:
+    """The estimate an attempt presents: its tokens, their price, one unit of retained work."""
+    return Estimate(
+        tokens=tokens,
+        cost_usd=tokens * USD_PER_TOKEN,
+        retained_work=1,
+        attempts=1,
+    )
+
+
+def schedule_end_ms(manifest: LoadManifest) -> float:
+    """load + spike + soak: the controller path's window."""
+    duration = manifest.section("duration")
+    seconds = duration["loadSeconds"] + duration["spikeSeconds"] + duration["soakSeconds"]
+    return float(seconds) * 1000.0
+
+
+class _Call:
+    """One arrival's life: attempts, lease, timers and where it stands."""
+
+    __slots__ = (
+        "acquiring",
+        "arrival",
+        "attempt",
+        "budget_id",
+        "ever_admitted",
+        "lease",
+        "requested_ms",
+        "signal",
+        "state",
+        "timer",
+    )
+
+    def __init__(self, arrival: Arrival) -> None:
+        self.arrival = arrival
+        self.acquiring: Any = None
+        self.budget_id = f"arrival-{arrival.index}"
+        self.attempt = 0
+        self.ever_admitted = False
+        self.lease: Any = None
+        self.requested_ms = 0.0
+        self.signal: CancelSignal | None = None
+        self.state = _ASKING
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class ControllerDriver:
+    """Releases arrivals into one ``AdmissionController`` and counts what happens."""
+
+    def __init__(
+        self,
+        manifest: LoadManifest,
+        end_ms: float,
+        progress: Progress | None = None,
+    ) -> None:
+        model = manifest.section("arrivalModel")
+        self.manifest = manifest
+        self.end_ms = end_ms
+        self.progress = progress
+        self.arrival_model = ArrivalModel.from_manifest(manifest)
+        self.max_retries = int(model.get("maxRetries", 0))
+        self.backoff_s = float(model.get("retryBackoffMs", 0)) / 1000.0
+        self.tally = LoadTally()
+        # Estimates are read, never kept, by the controller: one per token size serves every call.
+        self._estimates = {
+            tokens: estimate_for(tokens)
+            for tokens in (self.arrival_model.small_tokens, self.arrival_model.huge_tokens)
+        }
+        self.loop = VirtualTimeLoop()
+        self.clock = self.loop.clock
+        self.registry = AdmissionRegistry(clock=self.clock, rng=random.Random(model["seed"]))
+        self.controller = self.registry.register(
+            Profile.from_manifest(manifest.document, workspace_id=WORKSPACE_ID)
+        )
+        self._arrivals: Iterator[Arrival] = iter(())
+        self._pending: Arrival | None = None
+        self._open_calls = 0
+        self._drained: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+
+    def run(self) -> TargetRun:
+        """Run the whole window; returns when the last arrival has stopped."""
+        loop = self.loop
+        try:
+            loop.run_until_complete(self._main())
+        finally:
+            loop.close()
+        if self._error is not None:
+            raise self._error
+        duration_ms = loop.time() * 1000.0
+        return TargetRun(
+            mode=MODE_OFFLINE,
+            window=window(self.end_ms),
+            observations=self.tally.observations(duration_ms),
+            virtual_duration_ms=duration_ms,
+        )
+
+    async def _main(self) -> None:
+        loop = self.loop
+        self._drained = loop.create_future()
+        self._arrivals = iter_arrivals(self.arrival_model, self.end_ms)
+        self._pending = next(self._arrivals, None)
+        if self._pending is not None:
+            loop.call_at(self._pending.at_ms / 1000.0, self._release_due)
+        else:
+            self._drained.set_result(None)
+        if self.progress is not None:
+            self._report_progress()
+        await self._drained
+        if self.progress is not None:
+            self.progress(1.0)
+
+    def _report_progress(self) -> None:
+        now_ms = self.loop.time() * 1000.0
+        assert self.progress is not None
+        self.progress(min(now_ms / self.end_ms, 1.0))
+        if self._pending is not None:
+            self.loop.call_later(self.end_ms / 100_000.0, self._report_progress)
+
+    def _release_due(self) -> None:
+        # Arrivals of the same millisecond start together, in timeline order.
+        arrival = self._pending
+        while arrival is not None:
+            self._arrive(arrival)
+            following = next(self._arrivals, None)
+            if following is not None and following.at_ms == arrival.at_ms:
+                arrival = following
+                continue
+            self._pending = following
+            if following is not None:
+                self.loop.call_at(following.at_ms / 1000.0, self._release_due)
+            break
+        self._check_drained()
+
+    def _arrive(self, arrival: Arrival) -> None:
+        self.tally.arrive(arrival.principal_class)
+        self._open_calls += 1
+        call = _Call(arrival)
+        if arrival.cancel_at_ms is not None:
+            delay_ms = arrival.cancel_at_ms - self.loop.time() * 1000.0
+            signal = CancelSignal.timeout(delay_ms, reason="cancelled")
+            signal.add_callback(lambda _signal: self._on_cancel(call))
+            call.signal = signal
+        self._attempt(call)
+
+    def _attempt(self, call: _Call) -> None:
+        arrival = call.arrival
+        call.attempt += 1
+        call.state = _ASKING
+        call.timer = None
+        call.requested_ms = self.clock.monotonic_ms()
+        self.tally.attempts += 1
+        request = AdmissionRequest(
+            call.budget_id,
+            arrival.principal_id,
+            WORKSPACE_ID,
+            arrival.provider_id,
+            self._estimates[arrival.tokens],
+            signal=call.signal,
+        )
+        call.acquiring = self.controller.acquire(request)
+        if not self._step(call):
+            call.state = _WAITING
+            self.tally.enqueue()
+
+    def _step(self, call: _Call, _done: object = None) -> bool:
+        # What Task.__step does, without a Task: most acquires finish without ever suspending.
+        try:
+            awaited = call.acquiring.send(None)
+        except StopIteration as granted:
+            self._settle(call)
+            self._admitted(call, granted.value)
+            return True
+        except AdmissionRejected as rejection:
+            self._settle(call)
+            self._rejected(call, rejection)
+            return True
+        except BaseException as error:
+            self._settle(call)
+            self._fail(error)
+            return True
+        if awaited is None:
+            self.loop.call_soon(self._step, call)
+        else:
+            awaited._asyncio_future_blocking = False
+            awaited.add_done_callback(partial(self._step, call))
+        return False
+
+    def _settle(self, call: _Call) -> None:
+        if call.state == _WAITING:
+            self.tally.dequeue()
+        call.acquiring = None
+
+    def _admitted(self, call: _Call, lease: Any) -> None:
+        tally = self.tally
+        now_ms = self.clock.monotonic_ms()
+        tally.lane_wait(now_ms - call.requested_ms)
+        if not call.ever_admitted:
+            call.ever_admitted = True
+            tally.admitted_once(call.arrival.principal_class)
+        tally.activate()
+        call.lease = lease
+        call.state = _ACTIVE
+        signal = call.signal
+        if signal is not None and signal.cancelled:
+            # Fired between the controller's grant and this callback: stop before dispatch.
+            self._stop_cancelled(call)
+            return
+        call.timer = self.loop.call_later(call.arrival.service_ms / 1000.0, self._served, call)
+
+    def _served(self, call: _Call) -> None:
+        call.timer = None
+        lease, call.lease = call.lease, None
+        self.tally.deactivate()
+        if call.attempt == 1 and call.arrival.fails_first_attempt:
+            lease.release(success=False)
+            if call.attempt <= self.max_retries:
+                call.state = _BACKOFF
+                call.timer = self.loop.call_later(self.backoff_s, self._attempt, call)
+                return
+            self.tally.failed += 1
+        else:
+            lease.release(success=True)
+            self.tally.completed += 1
+        self._finish(call)
+
+    def _rejected(self, call: _Call, rejection: AdmissionRejected) -> None:
+        if rejection.reason == "cancelled":
+            self.tally.cancel(self._cancellation_latency(call))
+        else:
+            self.tally.shed_for(rejection.reason)
+        self._finish(call)
+
+    def _on_cancel(self, call: _Call) -> None:
+        # A waiting call is stopped by the controller itself, which rejects it as cancelled.
+        if call.state in (_ACTIVE, _BACKOFF):
+            self._stop_cancelled(call)
+
+    def _stop_cancelled(self, call: _Call) -> None:
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        if call.state == _ACTIVE:
+            lease, call.lease = call.lease, None
+            # No outcome: a caller's cancellation is never a provider failure.
+            lease.release(success=None)
+            self.tally.deactivate()
+        self.tally.cancel(self._cancellation_latency(call))
+        self._finish(call)
+
+    def _cancellation_latency(self, call: _Call) -> float:
+        cancel_at = call.arrival.cancel_at_ms
+        assert cancel_at is not None
+        return max(0.0, self.clock.monotonic_ms() - cancel_at)
+
+    def _finish(self, call: _Call) -> None:
+        call.state = _DONE
+        if call.signal is not None:
+            call.signal.dispose()
+        self.controller.release_budget(call.budget_id)
+        self._open_calls -= 1
+        self._check_drained()
+
+    def _check_drained(self) -> None:
+        drained = self._drained
+        if self._open_calls == 0 and self._pending is None and drained and not drained.done():
+            drained.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        # A harness or controller bug: stop the run and re-raise it from run().
+        if self._error is None:
+            self._error = error
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+
+def run_controller_target(manifest: LoadManifest, progress: Progress | None = None) -> TargetRun:
+    """The admission-controller path over the manifest's full load + spike + soak window."""
+    return ControllerDriver(manifest, schedule_end_ms(manifest), progress).run()

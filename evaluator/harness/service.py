@@ -1,0 +1,97 @@
+"""The one entry point of the harness: run a manifest against a target and get its record.
+
+The management command and the Celery task both call ``run_load``; neither decides the mode,
+which is whatever the path that actually ran reports.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from evaluator.harness.controller_target import run_controller_target
+from evaluator.harness.errors import LoadHarnessError, UnknownTargetError
+from evaluator.harness.manifests import LoadManifest, load_manifest
+from evaluator.harness.records import build_record
+from evaluator.harness.resources import cpu_time_of, heap_peak_of, resources
+from evaluator.harness.target import LoadTarget, Progress, TargetRun
+
+__all__ = ["LOAD_TARGETS", "evidence_path", "run_load", "run_manifest", "write_record"]
+
+LOAD_TARGETS: Mapping[str, LoadTarget] = {
+    "admission-controller": run_controller_target,
+}
+
+
+def _target(name: str) -> LoadTarget:
+    target = LOAD_TARGETS.get(name)
+    if target is None:
+        known = ", ".join(sorted(LOAD_TARGETS))
+        raise UnknownTargetError(f"unknown load target {name!r} (known: {known})")
+    return target
+
+
+def run_manifest(
+    manifest: LoadManifest, target: str, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Run an already loaded (hence registered) manifest; returns the digest-bound record."""
+    runner = _target(target)
+    traced_progress = timed_progress = None
+    if progress is not None:
+        # The traced pass takes most of the wall time; give it most of the bar.
+        traced_progress = _scaled(progress, 0.0, _TRACED_SHARE)
+        timed_progress = _scaled(progress, _TRACED_SHARE, 1.0)
+    traced, heap_peak = heap_peak_of(lambda: runner(manifest, traced_progress))
+    timed, cpu_seconds = cpu_time_of(lambda: runner(manifest, timed_progress))
+    _require_same_run(traced, timed)
+    return build_record(
+        manifest=manifest,
+        mode=timed.mode,
+        target=target,
+        window=timed.window,
+        observations=timed.observations,
+        resources=resources(timed.virtual_duration_ms, cpu_seconds, heap_peak),
+    )
+
+
+_TRACED_SHARE = 0.8
+
+
+def _scaled(progress: Progress, start: float, end: float) -> Progress:
+    return lambda fraction: progress(start + (end - start) * fraction)
+
+
+def _require_same_run(traced: TargetRun, timed: TargetRun) -> None:
+    # Both passes must be the same run, or the heap figure would describe another one.
+    if traced.observations != timed.observations or traced.mode != timed.mode:
+        raise LoadHarnessError(
+            "the traced and the timed pass observed different runs: the load run is not "
+            "deterministic"
+        )
+
+
+def run_load(
+    manifest_path: str | Path, target: str, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Load the manifest at ``manifest_path``, refusing unregistered bytes, and run ``target``.
+
+    Raises ``FileNotFoundError`` for a missing file, ``UnknownManifestError`` for a manifest
+    that is not preregistered and ``UnknownTargetError`` for an unknown target.
+    """
+    _target(target)
+    return run_manifest(load_manifest(manifest_path), target, progress)
+
+
+def evidence_path(evidence_root: str | Path, manifest: LoadManifest, target: str) -> Path:
+    """Where the retained record of ``target`` for ``manifest`` lives under ``evidence_root``."""
+    return Path(evidence_root) / manifest.registration.evidence_dir / f"{target}.json"
+
+
+def write_record(record: Mapping[str, Any], path: str | Path) -> Path:
+    """Write a record as indented JSON; the digest does not depend on the layout."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
