@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -92,22 +94,42 @@ def test_CNC_ADMIT_AUDIT_restarted_process_replays_the_ledger_before_activating(
     assert [r["kind"] for r in _core_history("acme")] == ["initial", "change", "change"]
 
 
+@contextlib.contextmanager
+def _another_process() -> Iterator[None]:
+    """Run a block with a registry of its own, as a second process would, then switch back."""
+    saved_registry, saved_applied = runtime._registry, dict(runtime._applied)
+    runtime.reset_registry()
+    try:
+        yield
+    finally:
+        runtime._registry = saved_registry
+        runtime._applied.clear()
+        runtime._applied.update(saved_applied)
+
+
 def test_CNC_ADMIT_AUDIT_a_stale_process_catches_up_before_it_activates(
     workspace, proposer, approver, approved
 ):
-    v1, v2 = approved("v1"), approved("v2", concurrency=2)
+    v1, v2, v3 = approved("v1"), approved("v2", concurrency=2), approved("v3", concurrency=3)
     services.profile_version_activate(version=v1, actor=approver)
-    runtime.get_registry()  # this process has seen v1 only
-    # Another process activates v2 and rolls back to v1: simulated by forgetting what we applied.
-    services.profile_version_activate(version=v2, actor=approver)
-    request = services.rollback_request_create(
-        workspace=workspace, target=v1, requested_by=proposer
-    )
-    services.rollback_request_approve(request=request, approver=approver)
-    runtime.reset_registry()
-    registry = runtime.get_registry()
-    assert registry.current_profile("acme").profile_version == "v1"
-    assert [r.kind for r in registry.profile_history("acme")] == ["initial", "change", "rollback"]
+    with _another_process():
+        services.profile_version_activate(version=v2, actor=approver)
+        request = services.rollback_request_create(
+            workspace=workspace, target=v1, requested_by=proposer
+        )
+        services.rollback_request_approve(request=request, approver=approver)
+    stale = runtime.get_registry()
+    assert [r.profile_version for r in stale.profile_history("acme")] == ["v1"]
+
+    record = services.profile_version_activate(version=v3, actor=approver)
+
+    assert (record.kind, record.previous_profile_version) == ("change", "v1")
+    assert [(r.kind, r.profile_version) for r in stale.profile_history("acme")] == [
+        ("initial", "v1"),
+        ("change", "v2"),
+        ("rollback", "v1"),
+        ("change", "v3"),
+    ]
 
 
 def test_get_registry_is_built_lazily_once_per_process(workspace, approver, approved):
