@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from evaluator.harness.errors import ManifestFormatError
 from evaluator.harness.manifests import LoadManifest
@@ -84,7 +84,8 @@ class ArrivalModel:
         if not isinstance(principals, Sequence) or not isinstance(providers, Mapping):
             raise ManifestFormatError(
                 f"manifest {manifest.schema} {manifest.version} declares no principals and "
-                "providers to draw arrivals from"
+                "providers to draw arrivals from; it is qualified by the bounded-scheduler gate "
+                "(CNC-SCHED-005), not by a load run"
             )
         try:
             service = model["serviceTimeMs"]
@@ -115,9 +116,8 @@ class ArrivalModel:
             ) from None
 
 
-@dataclass(frozen=True, slots=True)
-class Arrival:
-    """One synthetic request of the timeline."""
+class Arrival(NamedTuple):
+    """One synthetic request of the timeline (a tuple: twenty thousand are built per run)."""
 
     index: int
     at_ms: int

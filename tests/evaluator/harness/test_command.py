@@ -1,0 +1,67 @@
+"""The ``run_load_harness`` management command."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from evaluator.harness.records import verify_record
+
+from .conftest import MANIFESTS
+
+
+def test_unknown_manifest_is_refused_with_a_clear_message(tmp_path):
+    changed = tmp_path / "load-manifest.v2.json"
+    changed.write_bytes((MANIFESTS / "load-manifest.v2.json").read_bytes() + b" ")
+    with pytest.raises(CommandError, match="not a preregistered load manifest") as refused:
+        call_command(
+            "run_load_harness", "--manifest", str(changed), "--target", "admission-controller"
+        )
+    assert "sha256:" in str(refused.value)
+
+
+def test_missing_manifest_file_is_a_command_error(tmp_path):
+    with pytest.raises(CommandError, match="load manifest not found"):
+        call_command(
+            "run_load_harness",
+            "--manifest",
+            str(tmp_path / "absent.json"),
+            "--target",
+            "admission-controller",
+        )
+
+
+def test_v1_manifest_has_no_timeline_for_the_controller_path():
+    with pytest.raises(CommandError, match="v1"):
+        call_command(
+            "run_load_harness",
+            "--manifest",
+            "manifests/load-manifest.v1.json",
+            "--target",
+            "admission-controller",
+        )
+
+
+def test_command_writes_a_verified_record_and_a_summary(tmp_path):
+    output = tmp_path / "result.json"
+    stdout = io.StringIO()
+    call_command(
+        "run_load_harness",
+        "--manifest",
+        "manifests/load-manifest.v2.json",
+        "--target",
+        "evaluator",
+        "--output",
+        str(output),
+        stdout=stdout,
+    )
+    record = json.loads(output.read_text(encoding="utf-8"))
+    verify_record(record, (MANIFESTS / "load-manifest.v2.json").read_bytes())
+    summary = stdout.getvalue()
+    assert "arrivals" in summary and "passed" in summary
+    assert record["digest"] in summary
+    # Not a terminal: no progress bar redraws in the output.
+    assert "\r" not in summary

@@ -1,0 +1,117 @@
+"""The admission-controller driver on small, hand-shaped timelines whose outcome is known."""
+
+from __future__ import annotations
+
+import copy
+
+from evaluator.harness.controller_target import ControllerDriver
+from evaluator.harness.manifests import LoadManifest
+
+
+def _solo_manifest(manifest_v2, concurrency, **arrival_model):
+    # One principal on one provider, so the expected outcome can be worked out by hand.
+    document = copy.deepcopy(dict(manifest_v2.document))
+    document["workspace"] = {
+        "concurrency": concurrency,
+        "maxQueueLength": 10_000,
+        "maxQueueWaitMs": 600_000,
+    }
+    document["providers"] = {"jev": {"concurrency": concurrency}}
+    document["principals"] = [
+        {"id": "solo", "class": "quiet", "weight": 1, "limits": {"concurrency": concurrency}}
+    ]
+    model = document["arrivalModel"]
+    model.update(
+        {
+            "averageRequestsPerSecond": 5,
+            "spikeMultiplier": 1,
+            "hugeTokenShare": 0,
+            "serviceTimeMs": {"minimum": 40, "maximum": 40},
+            "retryableFailureRate": 0,
+            "cancellationRate": 0,
+        }
+    )
+    model.update(arrival_model)
+    return LoadManifest(
+        digest="sha256:" + "1" * 64,
+        schema=manifest_v2.schema,
+        version=manifest_v2.version,
+        document=document,
+    )
+
+
+def _run(manifest, end_ms=20_000):
+    driver = ControllerDriver(manifest, end_ms)
+    run = driver.run()
+    return driver, run.observations
+
+
+def _accounted(observations):
+    return (
+        observations["completed"]
+        + observations["failed"]
+        + observations["shed"]
+        + observations["cancelled"]
+    )
+
+
+def test_every_first_attempt_failure_is_retried_once(manifest_v2):
+    _, observed = _run(_solo_manifest(manifest_v2, 4, retryableFailureRate=1))
+    assert observed["arrivals"] > 50
+    assert observed["attempts"] == 2 * observed["arrivals"]
+    assert observed["retryAmplificationRatio"] == 2
+    assert observed["completed"] == observed["arrivals"]
+    assert _accounted(observed) == observed["arrivals"]
+
+
+def test_without_retries_a_first_attempt_failure_fails_the_arrival(manifest_v2):
+    _, observed = _run(_solo_manifest(manifest_v2, 4, retryableFailureRate=1, maxRetries=0))
+    assert observed["attempts"] == observed["arrivals"]
+    assert observed["failed"] == observed["arrivals"]
+    assert observed["completed"] == 0
+
+
+def test_CNC_LOAD_002_cancellation_is_honoured_during_the_retry_backoff(manifest_v2):
+    # Service 40 ms, failure, backoff 250 ms: a cancel at +200 ms lands inside the backoff.
+    manifest = _solo_manifest(
+        manifest_v2, 4, retryableFailureRate=1, cancellationRate=1, cancelAfterMs=200
+    )
+    driver, observed = _run(manifest)
+    assert observed["cancelled"] == observed["arrivals"] > 50
+    # The backoff never ended in a second attempt.
+    assert observed["attempts"] == observed["arrivals"]
+    assert observed["maximumCancellationLatencyMs"] == 0
+    assert driver.tally.active == driver.tally.queued == 0
+
+
+def test_CNC_LOAD_002_cancellation_stops_queued_and_active_calls_at_once(manifest_v2):
+    # 50 arrivals a second against one permit and 100 ms of service: most calls wait.
+    manifest = _solo_manifest(
+        manifest_v2,
+        1,
+        averageRequestsPerSecond=50,
+        serviceTimeMs={"minimum": 100, "maximum": 100},
+        cancellationRate=1,
+        cancelAfterMs=50,
+    )
+    driver, observed = _run(manifest, end_ms=5_000)
+    assert observed["maximumQueuedCalls"] > 1
+    assert observed["maximumActiveCalls"] == 1
+    assert observed["cancelled"] == observed["arrivals"]
+    assert observed["maximumCancellationLatencyMs"] == 0
+    snapshot = driver.controller.snapshot("solo")
+    assert (snapshot.active, snapshot.queued) == (0, 0)
+
+
+def test_high_water_marks_are_exact_at_the_ceiling(manifest_v2):
+    manifest = _solo_manifest(
+        manifest_v2, 2, averageRequestsPerSecond=40, serviceTimeMs={"minimum": 100, "maximum": 160}
+    )
+    driver, observed = _run(manifest, end_ms=10_000)
+    assert observed["maximumActiveCalls"] == 2
+    assert observed["maximumQueuedCalls"] >= 1
+    assert observed["maximumEligibleLaneWaitMs"] > 0
+    assert _accounted(observed) == observed["arrivals"]
+    assert driver.tally.active == driver.tally.queued == 0
+    assert observed["quietPrincipalAdmissionRatio"] == 1
+    assert observed["noisyPrincipalAdmissionRatio"] is None
