@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
@@ -82,6 +82,7 @@ class AttemptRecord:
     sent: bool
     outcome: str
     reason: str
+    retryable: bool = False
     evidence: Mapping[str, Any] | None = None
     retry_after_ms: float | None = None
     tokens: int | None = None
@@ -97,6 +98,7 @@ class AttemptRecord:
             "sent": self.sent,
             "outcome": self.outcome,
             "reason": self.reason,
+            "retryable": self.retryable,
             "startedMs": self.started_ms,
             "endedMs": self.ended_ms,
         }
@@ -119,6 +121,7 @@ class AttemptRecord:
             sent=doc["sent"],
             outcome=doc["outcome"],
             reason=doc["reason"],
+            retryable=doc.get("retryable", False),
             evidence=doc.get("evidence"),
             retry_after_ms=doc.get("retryAfterMs"),
             tokens=doc.get("tokens"),
@@ -169,7 +172,8 @@ class EvaluationResult:
 
     ``status`` is ``completed`` when every decision reached an outcome on its own, ``cancelled``
     when the caller cancelled and ``timeout`` when the total deadline ended the run.
-    ``concurrency`` is the ceiling the run was scheduled under.
+    ``concurrency`` is the ceiling the run was scheduled under and ``max_active`` the most
+    decisions that ever held a scheduler permit at once.
     """
 
     invocation_id: str
@@ -177,8 +181,8 @@ class EvaluationResult:
     status: str
     decisions: tuple[DecisionOutcome, ...]
     concurrency: int = 1
+    max_active: int = 0
     resumed: bool = False
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def succeeded(self) -> bool:
@@ -195,6 +199,7 @@ class EvaluationResult:
             "rulesetId": self.ruleset_id,
             "status": self.status,
             "concurrency": self.concurrency,
+            "maxActive": self.max_active,
             "resumed": self.resumed,
             "decisions": [d.to_dict() for d in self.decisions],
         }

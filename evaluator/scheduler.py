@@ -1,0 +1,474 @@
+"""``evaluate_decision_ruleset``: run the decisions of a ruleset under admission control.
+
+Serial unless ``scheduler.enabled``; when enabled, at most the smallest declared ceiling of
+binding, caller, graph, principal, workspace and providers run at once, in fair lanes keyed
+(first target adapter, workspace, principal). Results are always in the ruleset's order.
+Pure Python: no Django import, so the load harness can run it on virtual time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from admission.core import (
+    AdmissionController,
+    AdmissionRegistry,
+    CancelSignal,
+    Profile,
+    ProfileConflictError,
+)
+from evaluator.adapters.base import Adapter
+from evaluator.attempts import TOTAL_DEADLINE, AttemptContext, is_deadline, run_attempt
+from evaluator.errors import InvalidDefinitionError
+from evaluator.estimates import EstimateFn, default_estimate
+from evaluator.invocation import DecisionEvaluationRequest
+from evaluator.lanes import FairPermits
+from evaluator.outcomes import (
+    CANCELLED,
+    EXECUTION_UNCERTAIN,
+    SUCCEEDED,
+    TIMEOUT,
+    AttemptRecord,
+    DecisionOutcome,
+    EvaluationResult,
+)
+from evaluator.receipts import RUNNING, ReceiptJournal, ReceiptKey, ReceiptStore
+from evaluator.telemetry import EvaluatorTelemetry
+
+__all__ = ["evaluate_decision_ruleset", "next_step", "scheduler_ceiling"]
+
+# What happens after an attempt.
+DONE = "done"
+RETRY = "retry"
+NEXT_TARGET = "next-target"
+STOP = "stop"
+
+
+def scheduler_ceiling(
+    request: DecisionEvaluationRequest, profile: Profile, *, receipt_backed: bool
+) -> int:
+    """How many decisions may hold a scheduler permit at once.
+
+    1 when the scheduler is disabled or receipts back the run (receipt v2 has one
+    pending-dispatch slot); otherwise the smallest positive ceiling of binding, caller, graph,
+    the principal's, the workspace's and every provider's limits that the ruleset targets.
+    """
+    if not request.scheduler.enabled or receipt_backed:
+        return 1
+    ceilings = [
+        request.scheduler.binding_concurrency,
+        request.caller_concurrency,
+        request.graph_concurrency,
+        profile.workspace.concurrency,
+    ]
+    principal = profile.principal(request.principal_id)
+    if principal is not None:
+        ceilings.append(principal.concurrency)
+    for adapter_id in sorted(request.ruleset.adapter_ids()):
+        provider = profile.provider(adapter_id)
+        if provider is not None:
+            ceilings.append(provider.concurrency)
+    return min(value for value in ceilings if value is not None and value > 0)
+
+
+def next_step(record: AttemptRecord, *, idempotent: bool, stopped: bool) -> str:
+    """What follows an attempt: ``done``, ``retry`` the target, the ``next-target`` or ``stop``.
+
+    Refusals before dispatch are retried only when admission called them retryable; an attempt
+    of unknown outcome is asked again only of an idempotent adapter.
+    """
+    if record.outcome == SUCCEEDED:
+        return DONE
+    if stopped:
+        return STOP
+    if record.outcome == EXECUTION_UNCERTAIN:
+        return RETRY if idempotent else STOP
+    return RETRY if record.retryable else NEXT_TARGET
+
+
+async def evaluate_decision_ruleset(
+    request: DecisionEvaluationRequest,
+    *,
+    registry: AdmissionRegistry,
+    adapters: Mapping[str, Adapter],
+    receipt_store: ReceiptStore | None = None,
+    telemetry: EvaluatorTelemetry | None = None,
+    estimate: EstimateFn | None = None,
+) -> EvaluationResult:
+    """Evaluate every decision of ``request.ruleset`` and return the outcomes in ruleset order.
+
+    Runs on the running event loop, whose clock must be the registry's (a ``VirtualTimeLoop``
+    with ``AdmissionRegistry(clock=loop.clock)`` in tests and the harness). ``adapters`` maps
+    every adapter id the ruleset names to an adapter; the adapter id is also the admission
+    provider id. With ``receipt_store`` the run is durable and resumable under the request's
+    ``invocation_id``, at concurrency 1. ``estimate(decision, target, prompt)`` overrides the
+    default admission estimate. Raises ``InvalidDefinitionError`` before any call when the
+    request cannot run (unknown adapter, no or conflicting profile, receipt of another ruleset).
+    """
+    if not isinstance(request, DecisionEvaluationRequest):
+        raise InvalidDefinitionError("request", "must be a DecisionEvaluationRequest")
+    _check_adapters(request, adapters)
+    controller = _controller_for(request, registry)
+    ceiling = scheduler_ceiling(
+        request, controller.profile, receipt_backed=receipt_store is not None
+    )
+    journal = None
+    if receipt_store is not None:
+        journal = await ReceiptJournal.open(
+            receipt_store,
+            ReceiptKey(request.workspace_id, request.principal_id, request.invocation_id),
+            ruleset_id=request.ruleset.id,
+            ruleset_digest=request.ruleset.digest,
+            decision_ids=[decision.id for decision in request.ruleset.decisions],
+            clock=registry.clock,
+        )
+        if journal.state != RUNNING:
+            return _from_receipt(request, journal, ceiling)
+    if telemetry is not None:
+        telemetry.watch(registry)
+    run = _Run(request, controller, registry, adapters, ceiling, journal, telemetry, estimate)
+    try:
+        return await run.execute()
+    finally:
+        run.dispose()
+
+
+def _check_adapters(request: DecisionEvaluationRequest, adapters: Mapping[str, Adapter]) -> None:
+    for index, decision in enumerate(request.ruleset.decisions):
+        for position, target in enumerate(decision.binding.targets):
+            if target.adapter not in adapters:
+                where = "primary" if position == 0 else f"fallbacks[{position - 1}]"
+                raise InvalidDefinitionError(
+                    f"ruleset.decisions[{index}].binding.{where}.adapter",
+                    "names no configured adapter",
+                )
+
+
+def _controller_for(
+    request: DecisionEvaluationRequest, registry: AdmissionRegistry
+) -> AdmissionController:
+    options = request.scheduler
+    if options.profile is not None:
+        try:
+            controller = registry.register(options.profile)
+        except ProfileConflictError as conflict:
+            raise InvalidDefinitionError(
+                "scheduler.profile.profileVersion",
+                f"revision {conflict.profile_version!r} is already registered with other limits",
+            ) from None
+    else:
+        found = registry.controller(request.workspace_id)
+        if found is None:
+            raise InvalidDefinitionError(
+                "scheduler.profile", "no admission profile is registered for this workspace"
+            )
+        controller = found
+    version = options.profile_version
+    if version is not None and controller.profile.profile_version != version:
+        raise InvalidDefinitionError(
+            "scheduler.profileVersion", "is not the workspace's current profile revision"
+        )
+    return controller
+
+
+def _from_receipt(
+    request: DecisionEvaluationRequest, journal: ReceiptJournal, ceiling: int
+) -> EvaluationResult:
+    decisions = []
+    for index, decision in enumerate(request.ruleset.decisions):
+        outcome = journal.outcome(index)
+        if outcome is None:
+            outcome = DecisionOutcome(
+                decision.id, journal.state, attempts=tuple(journal.attempts(index))
+            )
+        decisions.append(outcome)
+    return EvaluationResult(
+        invocation_id=request.invocation_id,
+        ruleset_id=request.ruleset.id,
+        status=journal.state,
+        decisions=tuple(decisions),
+        concurrency=ceiling,
+        resumed=True,
+    )
+
+
+class _Run:
+    """The state of one evaluation while it runs."""
+
+    def __init__(
+        self,
+        request: DecisionEvaluationRequest,
+        controller: AdmissionController,
+        registry: AdmissionRegistry,
+        adapters: Mapping[str, Adapter],
+        ceiling: int,
+        journal: ReceiptJournal | None,
+        telemetry: EvaluatorTelemetry | None,
+        estimate: EstimateFn | None,
+    ) -> None:
+        self.request = request
+        self.ruleset = request.ruleset
+        self.adapters = adapters
+        self.journal = journal
+        self.loop = asyncio.get_running_loop()
+        clock = registry.clock
+        origin = clock.monotonic_ms()
+        self.deadline_signal: CancelSignal | None = None
+        deadline_ms = None
+        if request.deadline_ms is not None:
+            deadline_ms = origin + request.deadline_ms
+            self.deadline_signal = CancelSignal.timeout(request.deadline_ms, TOTAL_DEADLINE)
+        self.signal = CancelSignal.any(request.signal, self.deadline_signal)
+        # A budget id of its own per run: two runs never share invocation budgets.
+        budget_id = f"{request.invocation_id}/{secrets.token_hex(6)}"
+        self.ctx = AttemptContext(
+            controller=controller,
+            adapters=adapters,
+            budget_id=budget_id,
+            principal_id=request.principal_id,
+            workspace_id=request.workspace_id,
+            run_signal=self.signal,
+            deadline_ms=deadline_ms,
+            clock=clock,
+            origin_ms=origin,
+            estimate=estimate or default_estimate,
+            telemetry=telemetry,
+            journal=journal,
+        )
+        self.ceiling = ceiling
+        # Serial and receipt-backed runs keep their single permit through a backoff.
+        self.keep_permit = not request.scheduler.enabled or journal is not None
+        self.permits: FairPermits[int] = FairPermits(ceiling, self._start)
+        self.outcomes: list[DecisionOutcome | None] = [None] * len(self.ruleset.decisions)
+        self.stopped_unstarted: list[int] = []
+        self.stopped = False
+        self.remaining = 0
+        self.done: asyncio.Future[None] = self.loop.create_future()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def dispose(self) -> None:
+        self.ctx.controller.release_budget(self.ctx.budget_id)
+        self.signal.dispose()
+        if self.deadline_signal is not None:
+            self.deadline_signal.dispose()
+
+    def stop_status(self) -> str:
+        return TIMEOUT if is_deadline(self.signal.reason) else CANCELLED
+
+    async def execute(self) -> EvaluationResult:
+        journal = self.journal
+        resumed = journal is not None and journal.resumed
+        if journal is not None:
+            await journal.resolve_pending()
+            for index in range(len(self.outcomes)):
+                self.outcomes[index] = journal.outcome(index)
+        pending = [index for index, outcome in enumerate(self.outcomes) if outcome is None]
+        self.remaining = len(pending)
+        if pending:
+            unsubscribe = self.signal.add_callback(self._on_stop)
+            try:
+                for index in pending:
+                    self.permits.enqueue(self._lane(index), index)
+                self.permits.pump()
+                await self._wait()
+            finally:
+                unsubscribe()
+        status = self.stop_status() if self.stopped else "completed"
+        if journal is not None:
+            for index in self.stopped_unstarted:
+                outcome = self.outcomes[index]
+                assert outcome is not None
+                await journal.finish_decision(index, outcome)
+            await journal.finish(status)
+        decisions = tuple(outcome for outcome in self.outcomes if outcome is not None)
+        return EvaluationResult(
+            invocation_id=self.request.invocation_id,
+            ruleset_id=self.ruleset.id,
+            status=status,
+            decisions=decisions,
+            concurrency=self.ceiling,
+            max_active=self.permits.max_active,
+            resumed=resumed,
+        )
+
+    async def _wait(self) -> None:
+        if self.remaining == 0:
+            return
+        try:
+            await self.done
+        except BaseException:
+            # A failing decision (or our own cancellation) takes the rest of the run down with it.
+            self.permits.drain()
+            for task in list(self.tasks):
+                task.cancel()
+            if self.tasks:
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+            raise
+
+    def _lane(self, index: int) -> tuple[str, str, str]:
+        first = self.ruleset.decisions[index].binding.primary.adapter
+        return (first, self.request.workspace_id, self.request.principal_id)
+
+    def _start(self, index: int) -> None:
+        task = self.loop.create_task(self._decision_task(index))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _on_stop(self, _signal: CancelSignal) -> None:
+        if self.remaining == 0:
+            return
+        self.stopped = True
+        status = self.stop_status()
+        for index in self.permits.drain():
+            attempts = tuple(self.journal.attempts(index)) if self.journal is not None else ()
+            self.outcomes[index] = DecisionOutcome(
+                self.ruleset.decisions[index].id, status, attempts=attempts
+            )
+            self.stopped_unstarted.append(index)
+            self._finished()
+        self.permits.abort_resumers()
+
+    def _finished(self) -> None:
+        self.remaining -= 1
+        if self.remaining == 0 and not self.done.done():
+            self.done.set_result(None)
+
+    async def _decision_task(self, index: int) -> None:
+        permit = [True]
+        try:
+            outcome = await self._run_decision(index, permit)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:
+            if not self.done.done():
+                self.done.set_exception(error)
+            if isinstance(error, KeyboardInterrupt | SystemExit):
+                raise
+            return
+        finally:
+            if permit[0]:
+                permit[0] = False
+                self.permits.release()
+        self.outcomes[index] = outcome
+        self._finished()
+
+    async def _run_decision(self, index: int, permit: list[bool]) -> DecisionOutcome:
+        decision = self.ruleset.decisions[index]
+        prompt = decision.render(self.request.input)
+        attempts: list[AttemptRecord] = (
+            self.journal.attempts(index) if self.journal is not None else []
+        )
+        targets = decision.binding.targets
+        target_index, number = self._resume_position(decision, attempts)
+        while target_index < len(targets):
+            target = targets[target_index]
+            idempotent = bool(getattr(self.adapters[target.adapter], "idempotent", False))
+            while number <= target.retry.max_attempts:
+                if self.signal.cancelled:
+                    return self._stopped(decision.id, attempts)
+                record, output = await run_attempt(
+                    self.ctx, index, decision, prompt, target_index, target, number
+                )
+                attempts.append(record)
+                step = next_step(record, idempotent=idempotent, stopped=self.signal.cancelled)
+                last_target = target_index == len(targets) - 1
+                exhausted = number == target.retry.max_attempts
+                terminal = step in (DONE, STOP) or (
+                    last_target and (step == NEXT_TARGET or exhausted)
+                )
+                outcome = None
+                if terminal:
+                    status = SUCCEEDED if step == DONE else record.outcome
+                    outcome = DecisionOutcome(decision.id, status, output, tuple(attempts))
+                if self.journal is not None:
+                    await self.journal.record_attempt(index, record, outcome=outcome)
+                if outcome is not None:
+                    return outcome
+                if step == NEXT_TARGET or exhausted:
+                    break
+                wait_ms = max(target.retry.backoff_ms(number), record.retry_after_ms or 0.0)
+                if not await self._backoff(wait_ms, permit):
+                    return await self._stopped_recorded(index, decision.id, attempts)
+                number += 1
+            target_index += 1
+            number = 1
+        # Resumed past the last target without a terminal record (defensive).
+        status = attempts[-1].outcome if attempts else self.stop_status()
+        return DecisionOutcome(decision.id, status, None, tuple(attempts))
+
+    def _resume_position(self, decision: Any, attempts: list[AttemptRecord]) -> tuple[int, int]:
+        if not attempts:
+            return 0, 1
+        last = attempts[-1]
+        target = decision.binding.targets[last.target_index]
+        idempotent = bool(getattr(self.adapters[target.adapter], "idempotent", False))
+        step = next_step(last, idempotent=idempotent, stopped=False)
+        if step == RETRY and last.number < target.retry.max_attempts:
+            return last.target_index, last.number + 1
+        return last.target_index + 1, 1
+
+    def _stopped(self, decision_id: str, attempts: list[AttemptRecord]) -> DecisionOutcome:
+        return DecisionOutcome(decision_id, self.stop_status(), None, tuple(attempts))
+
+    async def _stopped_recorded(
+        self, index: int, decision_id: str, attempts: list[AttemptRecord]
+    ) -> DecisionOutcome:
+        outcome = self._stopped(decision_id, attempts)
+        if self.journal is not None:
+            await self.journal.finish_decision(index, outcome)
+        return outcome
+
+    async def _backoff(self, wait_ms: float, permit: list[bool]) -> bool:
+        """Sleep before a retry; False when the run was stopped meanwhile.
+
+        A scheduled run without receipts lends its permit out while it sleeps and takes one
+        back ahead of unstarted work; serial and receipt-backed runs keep theirs.
+        """
+        if self.signal.cancelled:
+            return False
+        lend = not self.keep_permit
+        if lend:
+            permit[0] = False
+            self.permits.release()
+        if await self._sleep(wait_ms):
+            return False
+        if lend:
+            if not await self._resume():
+                return False
+            permit[0] = True
+        return not self.signal.cancelled
+
+    async def _sleep(self, wait_ms: float) -> bool:
+        """Wait ``wait_ms`` unless the run signal fires first; True when it fired."""
+        if self.signal.cancelled:
+            return True
+        if wait_ms <= 0:
+            return False
+        wake: asyncio.Future[bool] = self.loop.create_future()
+        timer = self.loop.call_later(wait_ms / 1000.0, _settle, wake, False)
+        unsubscribe = self.signal.add_callback(lambda _signal: _settle(wake, True))
+        try:
+            return await wake
+        finally:
+            timer.cancel()
+            unsubscribe()
+
+    async def _resume(self) -> bool:
+        """Take a permit back ahead of unstarted work; False when the run stopped first."""
+        waiter = self.permits.resume()
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.result():
+                self.permits.release()
+            else:
+                waiter.cancel()
+            raise
+
+
+def _settle(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
