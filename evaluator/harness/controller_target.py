@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any
 
@@ -24,13 +24,20 @@ from admission.core import (
     Profile,
     VirtualTimeLoop,
 )
-from evaluator.harness.arrivals import Arrival, ArrivalModel, iter_arrivals
+from evaluator.harness.arrivals import Arrival
 from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.records import MODE_OFFLINE
 from evaluator.harness.tally import LoadTally
-from evaluator.harness.target import Progress, TargetRun, window
+from evaluator.harness.target import LoadTarget, Progress, TargetRun, window
 
-__all__ = ["WORKSPACE_ID", "estimate_for", "run_controller_target"]
+__all__ = [
+    "CONTROLLER_TARGET",
+    "WORKSPACE_ID",
+    "ControllerDriver",
+    "estimate_for",
+    "run_controller_target",
+    "schedule_end_ms",
+]
 
 WORKSPACE_ID = "load-harness"
 # Dollars per estimated token: the manifests pin cost ceilings but no price, so the harness
@@ -93,6 +100,7 @@ class ControllerDriver:
     def __init__(
         self,
         manifest: LoadManifest,
+        arrivals: Iterable[Arrival],
         end_ms: float,
         progress: Progress | None = None,
     ) -> None:
@@ -100,15 +108,12 @@ class ControllerDriver:
         self.manifest = manifest
         self.end_ms = end_ms
         self.progress = progress
-        self.arrival_model = ArrivalModel.from_manifest(manifest)
+        self._timeline = arrivals
         self.max_retries = int(model.get("maxRetries", 0))
         self.backoff_s = float(model.get("retryBackoffMs", 0)) / 1000.0
         self.tally = LoadTally()
         # Estimates are read, never kept, by the controller: one per token size serves every call.
-        self._estimates = {
-            tokens: estimate_for(tokens)
-            for tokens in (self.arrival_model.small_tokens, self.arrival_model.huge_tokens)
-        }
+        self._estimates: dict[int, Estimate] = {}
         self.loop = VirtualTimeLoop()
         self.clock = self.loop.clock
         self.registry = AdmissionRegistry(clock=self.clock, rng=random.Random(model["seed"]))
@@ -141,7 +146,7 @@ class ControllerDriver:
     async def _main(self) -> None:
         loop = self.loop
         self._drained = loop.create_future()
-        self._arrivals = iter_arrivals(self.arrival_model, self.end_ms)
+        self._arrivals = iter(self._timeline)
         self._pending = next(self._arrivals, None)
         if self._pending is not None:
             loop.call_at(self._pending.at_ms / 1000.0, self._release_due)
@@ -198,13 +203,19 @@ class ControllerDriver:
             arrival.principal_id,
             WORKSPACE_ID,
             arrival.provider_id,
-            self._estimates[arrival.tokens],
+            self._estimate(arrival.tokens),
             signal=call.signal,
         )
         call.acquiring = self.controller.acquire(request)
         if not self._step(call):
             call.state = _WAITING
             self.tally.enqueue()
+
+    def _estimate(self, tokens: int) -> Estimate:
+        estimate = self._estimates.get(tokens)
+        if estimate is None:
+            estimate = self._estimates[tokens] = estimate_for(tokens)
+        return estimate
 
     def _step(self, call: _Call, _done: object = None) -> bool:
         # What Task.__step does, without a Task: most acquires finish without ever suspending.
@@ -317,6 +328,13 @@ class ControllerDriver:
             self._drained.set_result(None)
 
 
-def run_controller_target(manifest: LoadManifest, progress: Progress | None = None) -> TargetRun:
-    """The admission-controller path over the manifest's full load + spike + soak window."""
-    return ControllerDriver(manifest, schedule_end_ms(manifest), progress).run()
+def run_controller_target(
+    manifest: LoadManifest, arrivals: Iterable[Arrival], progress: Progress | None = None
+) -> TargetRun:
+    """Release ``arrivals`` into one controller over the load + spike + soak window."""
+    return ControllerDriver(manifest, arrivals, schedule_end_ms(manifest), progress).run()
+
+
+CONTROLLER_TARGET = LoadTarget(
+    name="admission-controller", window_end_ms=schedule_end_ms, run=run_controller_target
+)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from evaluator.harness.arrivals import Arrival
 from evaluator.harness.manifests import LoadManifest
 
 __all__ = ["LoadTarget", "Progress", "TargetRun", "window"]
@@ -24,8 +25,17 @@ class TargetRun:
     virtual_duration_ms: float
 
 
-# A path through the system that a manifest's arrivals can be released into.
-LoadTarget = Callable[[LoadManifest, Progress | None], TargetRun]
+@dataclass(frozen=True, slots=True)
+class LoadTarget:
+    """A path through the system that a manifest's arrivals can be released into.
+
+    ``window_end_ms`` says how much of the timeline the path takes; ``run`` releases those
+    arrivals on virtual time and reports what it observed.
+    """
+
+    name: str
+    window_end_ms: Callable[[LoadManifest], float]
+    run: Callable[[LoadManifest, Iterable[Arrival], Progress | None], TargetRun]
 
 
 def window(end_ms: float) -> dict[str, Any]:

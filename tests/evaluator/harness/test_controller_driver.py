@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+from evaluator.harness.arrivals import ArrivalModel, generate_arrivals
 from evaluator.harness.controller_target import ControllerDriver
 from evaluator.harness.manifests import LoadManifest
 
@@ -41,7 +42,8 @@ def _solo_manifest(manifest_v2, concurrency, **arrival_model):
 
 
 def _run(manifest, end_ms=20_000):
-    driver = ControllerDriver(manifest, end_ms)
+    arrivals = generate_arrivals(ArrivalModel.from_manifest(manifest), end_ms)
+    driver = ControllerDriver(manifest, arrivals, end_ms)
     run = driver.run()
     return driver, run.observations
 
