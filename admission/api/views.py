@@ -9,7 +9,7 @@ from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status, viewsets
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -37,8 +37,18 @@ WORKSPACE_KEY = OpenApiParameter(
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such workspace visible to you.")
 
 
+class TypedNotFoundMixin:
+    """Django's Http404 becomes DRF's NotFound, so the error body says `not_found`."""
+
+    def get_object(self) -> Any:
+        try:
+            return super().get_object()  # type: ignore[misc]
+        except Http404 as missing:
+            raise NotFound() from missing
+
+
 @extend_schema(tags=["workspaces"])
-class WorkspaceViewSet(viewsets.ReadOnlyModelViewSet):
+class WorkspaceViewSet(TypedNotFoundMixin, viewsets.ReadOnlyModelViewSet):
     """Workspaces the caller belongs to (staff with the view permission: all)."""
 
     serializer_class = WorkspaceSerializer
@@ -68,7 +78,7 @@ class WorkspaceScopedMixin:
                 permission=self.workspace_permission,
             )
             if workspace is None:
-                raise Http404("No such workspace.")
+                raise NotFound("No such workspace.")
             self._workspace = workspace
         return self._workspace
 
@@ -158,7 +168,7 @@ class ProfileVersionListView(WorkspaceScopedMixin, generics.ListCreateAPIView):
     ],
     responses={200: ProfileVersionSerializer, 404: NOT_FOUND},
 )
-class ProfileVersionDetailView(WorkspaceScopedMixin, generics.RetrieveAPIView):
+class ProfileVersionDetailView(TypedNotFoundMixin, WorkspaceScopedMixin, generics.RetrieveAPIView):
     """One profile version by its `profileVersion` label."""
 
     serializer_class = ProfileVersionSerializer

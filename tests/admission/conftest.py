@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -14,7 +16,13 @@ from django.contrib.auth.models import Permission
 from django.db import connection
 
 from admission import runtime, services
-from admission.models import ProfileVersion, Workspace
+from admission.models import (
+    ProfileApproval,
+    ProfileChangeRecord,
+    ProfileVersion,
+    RollbackRequest,
+    Workspace,
+)
 
 MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "load-manifest.v2.json"
 PROFILE_KEYS = ("profileVersion", "workspace", "providers", "principals")
@@ -35,6 +43,12 @@ ALL_CONFIRMED = {key: True for key, _ in services.RUNBOOK_CHECKLIST}
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("postgres") and connection.vendor != "postgresql":
         pytest.skip("needs PostgreSQL (set DATABASE_URL=postgres://...)")
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    # Test users need real logins, not costly key stretching.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture(autouse=True)
@@ -99,6 +113,14 @@ def outsider(make_user: Callable[..., Any]) -> Any:
 
 
 @pytest.fixture
+def member(make_user: Callable[..., Any], workspace: Workspace) -> Any:
+    """A plain (non-staff) member of `workspace` who may propose; sees memberships only."""
+    user = make_user("mia", staff=False, permissions=("add_profileversion",))
+    workspace.members.add(user)
+    return user
+
+
+@pytest.fixture
 def workspace(proposer: Any, approver: Any) -> Workspace:
     workspace = Workspace.objects.create(key="acme", name="Acme Corp")
     workspace.members.add(proposer, approver)
@@ -132,9 +154,60 @@ def approved(
 
 @pytest.fixture
 def chromium_path() -> str:
-    import os
-
     path = os.environ.get("SLUICE_CHROMIUM", "/usr/bin/chromium")
     if not (Path(path).exists() or shutil.which(path)):
         pytest.skip(f"no Chromium at {path}")
     return path
+
+
+@pytest.fixture
+def seed_history(proposer: Any, approver: Any) -> Callable[..., list[Any]]:
+    """Insert `count` change records straight into the ledger (no registry), for listings.
+
+    Every third record shares its `at` with the one before, so pages must order by id too.
+    """
+
+    def seed(workspace: Workspace, count: int, *, start: dt.datetime | None = None) -> list[Any]:
+        start = start or dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
+        version = ProfileVersion.objects.create(
+            workspace=workspace,
+            profile_version=f"seed-{workspace.key}",
+            document={},
+            digest="sha256:" + "a" * 64,
+            profile_digest="sha256:" + "b" * 64,
+            proposed_by=proposer,
+        )
+        approval = ProfileApproval.objects.create(
+            version=version, proposed_by=proposer, approver=approver, decision="approve"
+        )
+        rollback = RollbackRequest.objects.create(
+            workspace=workspace,
+            target=version,
+            requested_by=proposer,
+            status=RollbackRequest.Status.APPROVED,
+            decided_by=approver,
+        )
+        rows = []
+        for index in range(count):
+            kind = ("initial", "change", "rollback")[min(index, 1) + (index % 5 == 4)]
+            at = start + dt.timedelta(minutes=index - (1 if index % 3 == 2 else 0))
+            rows.append(
+                ProfileChangeRecord(
+                    workspace=workspace,
+                    kind=kind,
+                    version=version,
+                    previous_version=None if index == 0 else version,
+                    previous_profile_version=None if index == 0 else version.profile_version,
+                    profile_version=version.profile_version,
+                    digest=version.digest,
+                    profile_digest=version.profile_digest,
+                    at=at,
+                    at_epoch_ms=at.timestamp() * 1000,
+                    actor=approver,
+                    approval=approval,
+                    rollback_request=rollback if kind == "rollback" else None,
+                )
+            )
+        return ProfileChangeRecord.objects.bulk_create(rows)
+
+    return seed
