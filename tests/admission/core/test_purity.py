@@ -19,11 +19,12 @@ MANIFEST_DIGESTS = {
 
 @pytest.mark.parametrize("module", ["admission.core", "evaluator.harness"])
 def test_pure_packages_import_no_framework_in_a_fresh_interpreter(module):
+    frameworks = "{'django', 'rest_framework', 'celery', 'kombu'}"
     probe = (
-        "import sys, importlib; importlib.import_module(%r); "
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "{'django', 'rest_framework', 'celery', 'kombu'}); print(','.join(bad))"
-    ) % module
+        f"import sys, importlib; importlib.import_module({module!r}); "
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {frameworks}); "
+        "print(','.join(bad))"
+    )
     result = subprocess.run(
         [sys.executable, "-c", probe],
         cwd=ROOT,
