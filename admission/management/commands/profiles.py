@@ -1,0 +1,234 @@
+"""`manage.py profiles`: the profile workflow from a shell, through the same services."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from admission import selectors, services
+from admission.core import InvalidProfileError
+from admission.models import RUNBOOK_ID, ProfileVersion, RollbackRequest, Workspace
+
+CHECKLIST_IDS = [key for key, _ in services.RUNBOOK_CHECKLIST]
+
+
+class Command(BaseCommand):
+    help = (
+        "Propose, approve, reject, activate and roll back admission profile versions, "
+        "and list versions and their change history."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        commands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+
+        propose = commands.add_parser("propose", help="Propose a profile document.")
+        _workspace_and_user(propose)
+        propose.add_argument("--file", required=True, help="Path to the profile JSON document.")
+
+        approve = commands.add_parser("approve", help=f"Approve a version under {RUNBOOK_ID}.")
+        _version_and_user(approve)
+        approve.add_argument(
+            "--confirm",
+            action="append",
+            default=[],
+            metavar="CHECK",
+            help=f"A confirmed checklist item ({', '.join(CHECKLIST_IDS)}); repeat per item.",
+        )
+        approve.add_argument(
+            "--confirm-all",
+            action="store_true",
+            help="Confirm every checklist item of the runbook.",
+        )
+        approve.add_argument("--comment", default="")
+
+        reject = commands.add_parser("reject", help="Reject a version.")
+        _version_and_user(reject)
+        reject.add_argument("--comment", required=True, help="Why it is rejected.")
+
+        activate = commands.add_parser("activate", help="Activate an approved version.")
+        _version_and_user(activate)
+
+        rollback = commands.add_parser("rollback", help="Request or decide a rollback.")
+        steps = rollback.add_subparsers(dest="step", required=True, metavar="STEP")
+        request = steps.add_parser("request", help="Ask to activate an earlier version again.")
+        _version_and_user(request)
+        request.add_argument("--reason", default="")
+        for name, needs_comment in (("approve", False), ("reject", True)):
+            decide = steps.add_parser(name, help=f"{name.capitalize()} the pending rollback.")
+            _workspace_and_user(decide)
+            decide.add_argument("--comment", required=needs_comment, default="")
+
+        listing = commands.add_parser("list", help="List a workspace's versions.")
+        listing.add_argument("--workspace", required=True, metavar="KEY")
+
+        history = commands.add_parser("history", help="Show a workspace's change records.")
+        history.add_argument("--workspace", required=True, metavar="KEY")
+        history.add_argument("--kind", choices=["initial", "change", "rollback"])
+        history.add_argument("--json", action="store_true", help="One JSON record per line.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        subcommand = options["subcommand"]
+        if subcommand == "rollback":
+            subcommand = f"rollback_{options['step']}"
+        try:
+            getattr(self, f"_{subcommand}")(options)
+        except (services.ProfileServiceError, InvalidProfileError) as error:
+            raise CommandError(str(error)) from error
+
+    def _propose(self, options: dict[str, Any]) -> None:
+        workspace = _workspace(options["workspace"])
+        user = _user(options["user"])
+        document = _read_document(options["file"])
+        try:
+            version = services.profile_version_propose(
+                workspace=workspace, document=document, proposed_by=user
+            )
+        except services.ProfileVersionDuplicate as duplicate:
+            self.stdout.write(f"{duplicate.version} was already proposed with these limits.")
+            return
+        except InvalidProfileError as error:
+            raise CommandError(f"invalid profile: {error}") from error
+        self.stdout.write(self.style.SUCCESS(f"Proposed {version} ({version.profile_digest})."))
+
+    def _approve(self, options: dict[str, Any]) -> None:
+        unknown = sorted(set(options["confirm"]) - set(CHECKLIST_IDS))
+        if unknown:
+            raise CommandError(
+                f"unknown checklist item(s) {', '.join(unknown)}; "
+                f"the items are {', '.join(CHECKLIST_IDS)}"
+            )
+        confirmed = CHECKLIST_IDS if options["confirm_all"] else options["confirm"]
+        version = _version(options["workspace"], options["version"])
+        services.profile_version_approve(
+            version=version,
+            approver=_user(options["user"]),
+            checklist={key: key in confirmed for key in CHECKLIST_IDS},
+            comment=options["comment"],
+        )
+        self.stdout.write(self.style.SUCCESS(f"Approved {version}."))
+
+    def _reject(self, options: dict[str, Any]) -> None:
+        version = _version(options["workspace"], options["version"])
+        services.profile_version_reject(
+            version=version, approver=_user(options["user"]), comment=options["comment"]
+        )
+        self.stdout.write(self.style.SUCCESS(f"Rejected {version}."))
+
+    def _activate(self, options: dict[str, Any]) -> None:
+        version = _version(options["workspace"], options["version"])
+        record = services.profile_version_activate(version=version, actor=_user(options["user"]))
+        self.stdout.write(self.style.SUCCESS(_describe(record)))
+
+    def _rollback_request(self, options: dict[str, Any]) -> None:
+        version = _version(options["workspace"], options["version"])
+        services.rollback_request_create(
+            workspace=version.workspace,
+            target=version,
+            requested_by=_user(options["user"]),
+            reason=options["reason"],
+        )
+        self.stdout.write(
+            self.style.SUCCESS(f"Requested a rollback to {version}; a second operator approves it.")
+        )
+
+    def _rollback_approve(self, options: dict[str, Any]) -> None:
+        request = _pending_rollback(options["workspace"])
+        record = services.rollback_request_approve(
+            request=request, approver=_user(options["user"]), comment=options["comment"]
+        )
+        self.stdout.write(self.style.SUCCESS(_describe(record)))
+
+    def _rollback_reject(self, options: dict[str, Any]) -> None:
+        request = _pending_rollback(options["workspace"])
+        services.rollback_request_reject(
+            request=request, approver=_user(options["user"]), comment=options["comment"]
+        )
+        self.stdout.write(self.style.SUCCESS(f"Rejected the rollback to {request.target}."))
+
+    def _list(self, options: dict[str, Any]) -> None:
+        workspace = _workspace(options["workspace"])
+        for version in selectors.profile_version_list(workspace=workspace):
+            self.stdout.write(
+                f"{version.profile_version}\t{selectors.version_status(version)}\t"
+                f"{version.profile_digest}\t{version.proposed_by}\t{version.created_at.isoformat()}"
+            )
+
+    def _history(self, options: dict[str, Any]) -> None:
+        workspace = _workspace(options["workspace"])
+        records = selectors.profile_history_list(workspace=workspace, kind=options["kind"])
+        for record in records.order_by("at", "id"):
+            if options["json"]:
+                self.stdout.write(json.dumps(record.to_dict(), sort_keys=True))
+            else:
+                self.stdout.write(
+                    f"{record.at.isoformat()}\t{record.kind}\t"
+                    f"{record.previous_profile_version or '-'} -> {record.profile_version}\t"
+                    f"{record.digest}\t{record.actor}"
+                )
+
+
+def _workspace_and_user(parser: CommandParser) -> None:
+    parser.add_argument("--workspace", required=True, metavar="KEY")
+    parser.add_argument("--user", required=True, metavar="NAME", help="Who does it.")
+
+
+def _version_and_user(parser: CommandParser) -> None:
+    _workspace_and_user(parser)
+    parser.add_argument("--version", required=True, metavar="LABEL", help="The profileVersion.")
+
+
+def _workspace(key: str) -> Workspace:
+    workspace = selectors.workspace_get(key=key)
+    if workspace is None:
+        raise CommandError(f"unknown workspace {key!r}")
+    return workspace
+
+
+def _version(workspace_key: str, label: str) -> ProfileVersion:
+    version = selectors.profile_version_get(workspace=_workspace(workspace_key), label=label)
+    if version is None:
+        raise CommandError(f"workspace {workspace_key!r} has no profile version {label!r}")
+    return version
+
+
+def _pending_rollback(workspace_key: str) -> RollbackRequest:
+    request = selectors.rollback_request_pending(workspace=_workspace(workspace_key))
+    if request is None:
+        raise CommandError(f"workspace {workspace_key!r} has no pending rollback request")
+    return request
+
+
+def _user(username: str) -> Any:
+    model = get_user_model()
+    try:
+        return model._default_manager.get_by_natural_key(username)
+    except model.DoesNotExist as missing:
+        raise CommandError(f"unknown user {username!r}") from missing
+
+
+def _read_document(path: str) -> Any:
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except FileNotFoundError as missing:
+        raise CommandError(f"no such file: {path}") from missing
+    except (OSError, UnicodeDecodeError) as unreadable:
+        raise CommandError(f"cannot read {path}: {unreadable}") from unreadable
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CommandError(
+            f"{path} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+        ) from error
+
+
+def _describe(record: Any) -> str:
+    previous = record.previous_profile_version or "nothing"
+    return (
+        f"Activated {record.profile_version} in {record.workspace.key} "
+        f"({record.kind}, previously {previous}; digest {record.digest})."
+    )
