@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
 from evaluator.errors import ReceiptConflictError
@@ -41,7 +41,7 @@ class DatabaseReceiptStore:
 
     async def aclose(self) -> None:
         """Close the database connections of the thread the store worked in."""
-        await sync_to_async(close_old_connections, thread_sensitive=True)()
+        await sync_to_async(connections.close_all, thread_sensitive=True)()
 
     @staticmethod
     def _load(key: ReceiptKey) -> dict[str, Any] | None:
