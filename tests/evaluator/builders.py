@@ -72,7 +72,10 @@ def request(
     signal: Any = None,
     **fields: Any,
 ) -> DecisionEvaluationRequest:
-    doc: dict[str, Any] = {"ruleset": copy.deepcopy(ruleset or ruleset_doc()), "input": {"text": "x"}}
+    doc: dict[str, Any] = {
+        "ruleset": copy.deepcopy(ruleset or ruleset_doc()),
+        "input": {"text": "x"},
+    }
     doc.update(fields)
     return DecisionEvaluationRequest.from_dict(
         doc, principal_id=principal_id, workspace_id=workspace_id, signal=signal

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from admission.core import CancelSignal
@@ -25,7 +27,7 @@ def spans(adapter: FakeAdapter) -> list[tuple[str, float, float]]:
 
 def assert_serial(adapter: FakeAdapter) -> None:
     calls = sorted(adapter.calls, key=lambda call: call.started_ms)
-    for before, after in zip(calls, calls[1:], strict=False):
+    for before, after in itertools.pairwise(calls):
         assert after.started_ms >= before.ended_ms, (before, after)
 
 
