@@ -38,7 +38,7 @@ class ProfileProposeForm(forms.Form):
     def __init__(self, *args: Any, user: AbstractBaseUser | AnonymousUser, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["workspace"].queryset = selectors.workspace_list_for_user(  # type: ignore[attr-defined]
-            user=user, permission="admission.add_profileversion"
+            user=user, permission="admission.view_workspace"
         )
         self.profile: Profile | None = None
 
