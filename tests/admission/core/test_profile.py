@@ -611,9 +611,10 @@ def mutated_documents(draw):
         if operation == "drop":
             del parent[path[-1]]
         elif operation == "insert" and isinstance(parent, dict):
-            parent[draw(KEYS)] = draw(ODD_VALUES)
+            # Copies: sampled lists and dicts are shared objects that later steps may mutate.
+            parent[draw(KEYS)] = copy.deepcopy(draw(ODD_VALUES))
         else:
-            parent[path[-1]] = draw(ODD_VALUES)
+            parent[path[-1]] = copy.deepcopy(draw(ODD_VALUES))
     return doc
 
 
