@@ -14,6 +14,7 @@ from typing import Any
 from evaluator.harness.arrivals import ArrivalModel, generate_arrivals
 from evaluator.harness.controller_target import CONTROLLER_TARGET
 from evaluator.harness.errors import LoadHarnessError, UnknownTargetError
+from evaluator.harness.evaluator_target import EVALUATOR_TARGET
 from evaluator.harness.manifests import LoadManifest, load_manifest
 from evaluator.harness.records import build_record
 from evaluator.harness.resources import cpu_time_of, heap_peak_of, resources
@@ -21,7 +22,9 @@ from evaluator.harness.target import LoadTarget, Progress, TargetRun
 
 __all__ = ["LOAD_TARGETS", "evidence_path", "run_load", "run_manifest", "write_record"]
 
-LOAD_TARGETS: Mapping[str, LoadTarget] = {target.name: target for target in (CONTROLLER_TARGET,)}
+LOAD_TARGETS: Mapping[str, LoadTarget] = {
+    target.name: target for target in (CONTROLLER_TARGET, EVALUATOR_TARGET)
+}
 
 
 def _target(name: str) -> LoadTarget:
