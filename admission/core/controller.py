@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
@@ -907,7 +908,7 @@ class AdmissionController:
         self._arm_expiry(ticket)
         if request.signal is not None:
             ticket.unsubscribe = request.signal.add_callback(
-                lambda _signal, t=ticket: self._on_signal(t)
+                functools.partial(self._on_signal_fired, ticket)
             )
         if defer is not None:
             self._defer(lane, ticket, defer, now)
@@ -969,7 +970,7 @@ class AdmissionController:
         self._reject_waiter(ticket, ticket.expire_reason)
         self._pump()
 
-    def _on_signal(self, ticket: _Ticket) -> None:
+    def _on_signal_fired(self, ticket: _Ticket, _signal: object) -> None:
         ticket.unsubscribe = None
         if ticket.lane is None:
             return
