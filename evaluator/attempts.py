@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from admission.core import AdmissionController, AdmissionRejected, AdmissionRequest, CancelSignal
-from evaluator.adapters.base import RATE_LIMITED, UNCERTAIN, Adapter, AdapterCall, AdapterError
+from evaluator.adapters.base import (
+    CLIENT_ERROR,
+    CONNECT_ERROR,
+    MISCONFIGURED,
+    RATE_LIMITED,
+    UNCERTAIN,
+    Adapter,
+    AdapterCall,
+    AdapterError,
+)
 from evaluator.estimates import EstimateFn
 from evaluator.outcomes import (
     ESTIMATE_FAILED,
@@ -37,6 +46,7 @@ logger = logging.getLogger(__name__)
 TOTAL_DEADLINE = "evaluation-deadline"
 TARGET_DEADLINE = "target-deadline"
 _DEADLINE_REASONS = frozenset({TOTAL_DEADLINE, TARGET_DEADLINE, "deadline-exceeded"})
+_NOT_PROCESSED = frozenset({RATE_LIMITED, CLIENT_ERROR, CONNECT_ERROR, MISCONFIGURED})
 
 
 def is_deadline(reason: str | None) -> bool:
@@ -189,6 +199,9 @@ async def _dispatch(
             elif error.retry_after_ms is not None:
                 pause_ms = error.retry_after_ms
             tokens = _count(error.total_tokens)
+            if error.kind in _NOT_PROCESSED and tokens is None:
+                # Refused or never delivered: the provider used nothing, so nothing stays reserved.
+                tokens, cost = 0, 0.0
             outcome = EXECUTION_UNCERTAIN if error.kind == UNCERTAIN else _error_outcome(error)
             record = AttemptRecord(
                 **base,

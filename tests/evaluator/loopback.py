@@ -1,0 +1,108 @@
+"""A real HTTP server on 127.0.0.1 (port 0) that plays scripted chat-completion responses."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    """One scripted response; ``hold`` keeps it back until the event is set."""
+
+    status: int = 200
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    hold: threading.Event | None = None
+    content: str = "yes"
+    total_tokens: int = 10
+
+    def payload(self) -> bytes:
+        if self.body is not None:
+            return self.body if isinstance(self.body, bytes) else json.dumps(self.body).encode()
+        if self.status != 200:
+            return json.dumps({"error": {"message": "scripted"}}).encode()
+        return json.dumps(
+            {
+                "id": "cmpl-1",
+                "object": "chat.completion",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": self.content}}
+                ],
+                "usage": {
+                    "prompt_tokens": 4,
+                    "completion_tokens": 6,
+                    "total_tokens": self.total_tokens,
+                },
+            }
+        ).encode()
+
+
+class LoopbackServer:
+    """Counts requests, tracks in-flight requests and their high-water mark."""
+
+    def __init__(self) -> None:
+        self.replies: deque[Reply] = deque()
+        self.default = Reply()
+        self.requests: list[dict[str, Any]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.received = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                return None
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", "0"))
+                body = json.loads(self.rfile.read(length) or b"null")
+                with server._lock:
+                    server.requests.append(
+                        {"path": self.path, "headers": dict(self.headers), "body": body}
+                    )
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                    reply = server.replies.popleft() if server.replies else server.default
+                server.received.release()
+                try:
+                    if reply.hold is not None:
+                        reply.hold.wait(30)
+                    payload = reply.payload()
+                    self.send_response(reply.status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(payload)))
+                    for key, value in reply.headers.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    self.wfile.write(payload)
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def __enter__(self) -> LoopbackServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5)
