@@ -135,7 +135,7 @@ class ControllerDriver:
             loop.close()
         if self._error is not None:
             raise self._error
-        duration_ms = loop.time() * 1000.0
+        duration_ms = loop.clock.monotonic_ms()
         return TargetRun(
             mode=MODE_OFFLINE,
             window=window(self.end_ms),
@@ -159,7 +159,7 @@ class ControllerDriver:
             self.progress(1.0)
 
     def _report_progress(self) -> None:
-        now_ms = self.loop.time() * 1000.0
+        now_ms = self.loop.clock.monotonic_ms()
         assert self.progress is not None
         self.progress(min(now_ms / self.end_ms, 1.0))
         if self._pending is not None:
@@ -185,7 +185,7 @@ class ControllerDriver:
         self._open_calls += 1
         call = _Call(arrival)
         if arrival.cancel_at_ms is not None:
-            delay_ms = arrival.cancel_at_ms - self.loop.time() * 1000.0
+            delay_ms = arrival.cancel_at_ms - self.loop.clock.monotonic_ms()
             signal = CancelSignal.timeout(delay_ms, reason="cancelled")
             signal.add_callback(lambda _signal: self._on_cancel(call))
             call.signal = signal

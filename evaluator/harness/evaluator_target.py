@@ -90,7 +90,7 @@ class EvaluatorDriver:
             loop.close()
         if self._error is not None:
             raise self._error
-        duration_ms = loop.time() * 1000.0
+        duration_ms = loop.clock.monotonic_ms()
         return TargetRun(
             mode=MODE_OFFLINE,
             window=window(self.end_ms),
@@ -115,7 +115,7 @@ class EvaluatorDriver:
 
     def _report_progress(self) -> None:
         assert self.progress is not None
-        self.progress(min(self.loop.time() * 1000.0 / self.end_ms, 1.0))
+        self.progress(min(self.loop.clock.monotonic_ms() / self.end_ms, 1.0))
         if self._pending is not None:
             self.loop.call_later(self.end_ms / 100_000.0, self._report_progress)
 
@@ -140,7 +140,7 @@ class EvaluatorDriver:
     async def _evaluate(self, arrival: Arrival) -> None:
         signal = None
         if arrival.cancel_at_ms is not None:
-            delay_ms = arrival.cancel_at_ms - self.loop.time() * 1000.0
+            delay_ms = arrival.cancel_at_ms - self.loop.clock.monotonic_ms()
             signal = CancelSignal.timeout(delay_ms, reason="cancelled")
         request = DecisionEvaluationRequest(
             ruleset=self._ruleset(arrival.provider_id, arrival.tokens),
@@ -176,7 +176,7 @@ class EvaluatorDriver:
             tally.admitted_once(arrival.principal_class)
         if result.status in (CANCELLED, TIMEOUT) or outcome.status == CANCELLED:
             assert arrival.cancel_at_ms is not None
-            tally.cancel(max(0.0, self.loop.time() * 1000.0 - arrival.cancel_at_ms))
+            tally.cancel(max(0.0, self.loop.clock.monotonic_ms() - arrival.cancel_at_ms))
         elif outcome.status == SUCCEEDED:
             tally.completed += 1
         elif attempts and not attempts[-1].sent and attempts[-1].reason in REASONS:

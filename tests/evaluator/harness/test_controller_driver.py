@@ -2,43 +2,10 @@
 
 from __future__ import annotations
 
-import copy
-
 from evaluator.harness.arrivals import ArrivalModel, generate_arrivals
 from evaluator.harness.controller_target import ControllerDriver
-from evaluator.harness.manifests import LoadManifest
 
-
-def _solo_manifest(manifest_v2, concurrency, **arrival_model):
-    # One principal on one provider, so the expected outcome can be worked out by hand.
-    document = copy.deepcopy(dict(manifest_v2.document))
-    document["workspace"] = {
-        "concurrency": concurrency,
-        "maxQueueLength": 10_000,
-        "maxQueueWaitMs": 600_000,
-    }
-    document["providers"] = {"jev": {"concurrency": concurrency}}
-    document["principals"] = [
-        {"id": "solo", "class": "quiet", "weight": 1, "limits": {"concurrency": concurrency}}
-    ]
-    model = document["arrivalModel"]
-    model.update(
-        {
-            "averageRequestsPerSecond": 5,
-            "spikeMultiplier": 1,
-            "hugeTokenShare": 0,
-            "serviceTimeMs": {"minimum": 40, "maximum": 40},
-            "retryableFailureRate": 0,
-            "cancellationRate": 0,
-        }
-    )
-    model.update(arrival_model)
-    return LoadManifest(
-        digest="sha256:" + "1" * 64,
-        schema=manifest_v2.schema,
-        version=manifest_v2.version,
-        document=document,
-    )
+from .conftest import solo_manifest
 
 
 def _run(manifest, end_ms=20_000):
@@ -58,7 +25,7 @@ def _accounted(observations):
 
 
 def test_every_first_attempt_failure_is_retried_once(manifest_v2):
-    _, observed = _run(_solo_manifest(manifest_v2, 4, retryableFailureRate=1))
+    _, observed = _run(solo_manifest(manifest_v2, 4, retryableFailureRate=1))
     assert observed["arrivals"] > 50
     assert observed["attempts"] == 2 * observed["arrivals"]
     assert observed["retryAmplificationRatio"] == 2
@@ -67,7 +34,7 @@ def test_every_first_attempt_failure_is_retried_once(manifest_v2):
 
 
 def test_without_retries_a_first_attempt_failure_fails_the_arrival(manifest_v2):
-    _, observed = _run(_solo_manifest(manifest_v2, 4, retryableFailureRate=1, maxRetries=0))
+    _, observed = _run(solo_manifest(manifest_v2, 4, retryableFailureRate=1, maxRetries=0))
     assert observed["attempts"] == observed["arrivals"]
     assert observed["failed"] == observed["arrivals"]
     assert observed["completed"] == 0
@@ -75,7 +42,7 @@ def test_without_retries_a_first_attempt_failure_fails_the_arrival(manifest_v2):
 
 def test_CNC_LOAD_002_cancellation_is_honoured_during_the_retry_backoff(manifest_v2):
     # Service 40 ms, failure, backoff 250 ms: a cancel at +200 ms lands inside the backoff.
-    manifest = _solo_manifest(
+    manifest = solo_manifest(
         manifest_v2, 4, retryableFailureRate=1, cancellationRate=1, cancelAfterMs=200
     )
     driver, observed = _run(manifest)
@@ -88,7 +55,7 @@ def test_CNC_LOAD_002_cancellation_is_honoured_during_the_retry_backoff(manifest
 
 def test_CNC_LOAD_002_cancellation_stops_queued_and_active_calls_at_once(manifest_v2):
     # 50 arrivals a second against one permit and 100 ms of service: most calls wait.
-    manifest = _solo_manifest(
+    manifest = solo_manifest(
         manifest_v2,
         1,
         averageRequestsPerSecond=50,
@@ -106,7 +73,7 @@ def test_CNC_LOAD_002_cancellation_stops_queued_and_active_calls_at_once(manifes
 
 
 def test_high_water_marks_are_exact_at_the_ceiling(manifest_v2):
-    manifest = _solo_manifest(
+    manifest = solo_manifest(
         manifest_v2, 2, averageRequestsPerSecond=40, serviceTimeMs={"minimum": 100, "maximum": 160}
     )
     driver, observed = _run(manifest, end_ms=10_000)
