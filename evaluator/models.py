@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import uuid
+
+from django.conf import settings
 from django.db import models
 
 from evaluator.receipts import RECEIPT_SCHEMA
@@ -46,3 +49,118 @@ class Receipt(models.Model):
 
     def __str__(self) -> str:
         return f"receipt {self.invocation_id} ({self.state}, revision {self.revision})"
+
+
+class EvaluationRun(models.Model):
+    """One evaluation submitted by an authenticated member of a workspace and run by a worker.
+
+    ``principal_id`` and ``workspace`` are the trusted identities the host supplied; the request
+    document never names them. ``result`` holds the run's outcome in ruleset order (without the
+    attempts) and ``attempts`` every attempt with its admission evidence.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        EXECUTION_UNCERTAIN = "execution-uncertain"
+        CANCELLED = "cancelled"
+        TIMEOUT = "timeout"
+        FAILED = "failed"
+
+    TERMINAL = frozenset({"completed", "execution-uncertain", "cancelled", "timeout", "failed"})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(
+        "admission.Workspace", on_delete=models.PROTECT, related_name="evaluation_runs"
+    )
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    principal_id = models.CharField(max_length=128)
+    invocation_id = models.CharField(max_length=128)
+    document = models.JSONField()
+    ruleset_id = models.CharField(max_length=128)
+    ruleset_digest = models.CharField(max_length=80)
+    decision_count = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=24, choices=Status.choices, default=Status.QUEUED)
+    # NULL until a worker picked the run up under the workspace's then-current profile.
+    profile_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
+    result = models.JSONField(null=True, blank=True)
+    attempts = models.JSONField(default=list, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+    deliveries = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        constraints = [
+            # The receipt store keys invocations by workspace; so does the run.
+            models.UniqueConstraint(
+                fields=["workspace", "invocation_id"], name="evaluator_run_unique_invocation"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["workspace", "-created_at", "-id"], name="evaluator_run_ws"),
+            models.Index(fields=["status"], name="evaluator_run_status"),
+        ]
+
+    def __str__(self) -> str:
+        return f"evaluation {self.id} ({self.status})"
+
+    @property
+    def finished(self) -> bool:
+        return self.status in self.TERMINAL
+
+
+class LoadRun(models.Model):
+    """One run of a preregistered load manifest against a harness target, started by staff.
+
+    ``record`` is the digest-bound ``decision-load-result/v1`` record the harness produced.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    TERMINAL = frozenset({"completed", "failed"})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    workspace = models.ForeignKey(
+        "admission.Workspace", on_delete=models.PROTECT, related_name="load_runs"
+    )
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    manifest_name = models.CharField(max_length=128)
+    target = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    manifest_digest = models.CharField(max_length=71, blank=True)
+    passed = models.BooleanField(null=True, blank=True)
+    record = models.JSONField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+    deliveries = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ("-created_at", "-id")
+        indexes = [
+            models.Index(fields=["workspace", "-created_at", "-id"], name="evaluator_loadrun_ws"),
+        ]
+
+    def __str__(self) -> str:
+        return f"load run {self.manifest_name} → {self.target} ({self.status})"
+
+    @property
+    def finished(self) -> bool:
+        return self.status in self.TERMINAL
