@@ -110,8 +110,11 @@ async def run_attempt(
             ended_ms=ctx.elapsed_ms(),
         )
         return record, None
-    target_signal = CancelSignal.timeout(target.timeout_ms, TARGET_DEADLINE)
-    signal = CancelSignal.any(ctx.run_signal, target_signal)
+    # One composed signal per attempt: the run's (caller, total deadline) and a target timer.
+    signal = CancelSignal.any(ctx.run_signal)
+    timer = asyncio.get_running_loop().call_later(
+        target.timeout_ms / 1000.0, signal.cancel, TARGET_DEADLINE
+    )
     deadline = ctx.clock.monotonic_ms() + target.timeout_ms
     if ctx.deadline_ms is not None:
         deadline = min(deadline, ctx.deadline_ms)
@@ -154,8 +157,8 @@ async def run_attempt(
             ctx, index, decision, prompt, target, number, lease, signal, span, base, started
         )
     finally:
+        timer.cancel()
         signal.dispose()
-        target_signal.dispose()
 
 
 async def _dispatch(

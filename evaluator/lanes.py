@@ -82,6 +82,27 @@ class FairPermits(Generic[Item]):
         self.active -= 1
         self.pump()
 
+    def hand_over(self) -> tuple[bool, Item | None]:
+        """Pass a held permit on as ``release()`` would, but keep it in the caller's task when
+        the next grant is an unstarted item: returns ``(True, item)`` for the caller to run,
+        else ``(False, None)`` once the permit went to a resumer or back to the pool."""
+        while self._resumers:
+            waiter = self._resumers.popleft()
+            if not waiter.done():
+                waiter.set_result(True)
+                return False, None
+        if self._rotation:
+            lane = self._rotation.popleft()
+            queue = self._lanes[lane]
+            item = queue.popleft()
+            if queue:
+                self._rotation.append(lane)
+            else:
+                del self._lanes[lane]
+            return True, item
+        self.release()
+        return False, None
+
     def resume(self) -> asyncio.Future[bool]:
         """Ask for a permit back after a backoff, ahead of every unstarted item.
 

@@ -16,7 +16,7 @@ from evaluator import parsing
 from evaluator.errors import InvalidDefinitionError
 from evaluator.outputs import OutputSpec
 
-__all__ = ["Binding", "Decision", "RetryPolicy", "Ruleset", "Target"]
+__all__ = ["Binding", "Decision", "RetryPolicy", "Ruleset", "Target", "prompt_values"]
 
 MAX_DECISIONS = 10_000
 MAX_FALLBACKS = 8
@@ -24,6 +24,14 @@ MAX_ATTEMPTS_PER_TARGET = 20
 # One day: a longer per-attempt timeout is a configuration mistake, not a plan.
 MAX_TIMEOUT_MS = 86_400_000
 MAX_BACKOFF_MS = 3_600_000
+
+
+def prompt_values(values: Mapping[str, Any]) -> dict[str, str]:
+    """Input values as prompt text: strings as they are, anything else as sorted JSON."""
+    return {
+        name: value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        for name, value in values.items()
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,11 +265,7 @@ class Decision:
 
     def render(self, values: Mapping[str, Any]) -> str:
         """The prompt with its placeholders filled; non-text values are written as JSON."""
-        filled = {
-            name: value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-            for name, value in values.items()
-        }
-        return string.Template(self.prompt).substitute(filled)
+        return string.Template(self.prompt).substitute(prompt_values(values))
 
     @classmethod
     def from_dict(cls, doc: Any, where: str) -> Decision:

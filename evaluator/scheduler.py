@@ -36,6 +36,7 @@ from evaluator.outcomes import (
     EvaluationResult,
 )
 from evaluator.receipts import RUNNING, ReceiptJournal, ReceiptKey, ReceiptStore
+from evaluator.rulesets import prompt_values
 from evaluator.telemetry import EvaluatorTelemetry
 
 __all__ = ["evaluate_decision_ruleset", "next_step", "scheduler_ceiling"]
@@ -211,6 +212,7 @@ class _Run:
     ) -> None:
         self.request = request
         self.ruleset = request.ruleset
+        self.prompt_values = prompt_values(request.input)
         self.adapters = adapters
         self.journal = journal
         self.loop = asyncio.get_running_loop()
@@ -336,10 +338,19 @@ class _Run:
         if self.remaining == 0 and not self.done.done():
             self.done.set_result(None)
 
-    async def _decision_task(self, index: int) -> None:
+    async def _decision_task(self, index: int | None) -> None:
+        # One task runs decisions back to back while the permit it holds passes to unstarted
+        # work, so a decision costs no task creation and no event-loop round trip.
         permit = [True]
         try:
-            outcome = await self._run_decision(index, permit)
+            while index is not None:
+                outcome = await self._run_decision(index, permit)
+                self.outcomes[index] = outcome
+                self._finished()
+                index = None
+                if permit[0] and not self.done.done():
+                    keep, index = self.permits.hand_over()
+                    permit[0] = keep
         except asyncio.CancelledError:
             raise
         except BaseException as error:
@@ -347,17 +358,14 @@ class _Run:
                 self.done.set_exception(error)
             if isinstance(error, KeyboardInterrupt | SystemExit):
                 raise
-            return
         finally:
             if permit[0]:
                 permit[0] = False
                 self.permits.release()
-        self.outcomes[index] = outcome
-        self._finished()
 
     async def _run_decision(self, index: int, permit: list[bool]) -> DecisionOutcome:
         decision = self.ruleset.decisions[index]
-        prompt = decision.render(self.request.input)
+        prompt = decision.render(self.prompt_values)
         attempts: list[AttemptRecord] = (
             self.journal.attempts(index) if self.journal is not None else []
         )

@@ -1,0 +1,229 @@
+"""Evaluator benchmark: scheduler + admission overhead per adapter call, a 1 000-decision ruleset
+at concurrency 8, and the HTTP adapter against bare httpx on the same local server.
+
+Run with `python benchmarks/evaluator.py`. Prints figures and the targets; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+
+from admission.core import AdmissionRegistry, Profile
+from evaluator.adapters import AdapterCall, FakeAdapter, OpenAIChatAdapter
+from evaluator.invocation import DecisionEvaluationRequest
+from evaluator.scheduler import evaluate_decision_ruleset
+
+WORKSPACE = "bench-workspace"
+PRINCIPAL = "bench-principal"
+ROUNDS = 5
+
+# A keep-alive HTTP/1.1 server answering every request with one chat completion, in its own
+# process so that its CPU time is not charged to either client.
+SERVER = r"""
+import asyncio, json, sys
+BODY = json.dumps({"choices": [{"message": {"role": "assistant", "content": "yes"}}],
+                   "usage": {"total_tokens": 12}}).encode()
+HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: "
+        + str(len(BODY)).encode() + b"\r\n\r\n")
+async def handle(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            await reader.readexactly(length)
+            writer.write(HEAD + BODY)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, backlog=1024)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def ruleset(count: int, adapter: str) -> dict:
+    return {
+        "id": "bench",
+        "decisions": [
+            {
+                "id": f"d{i}",
+                "prompt": "Is ${text} acceptable?",
+                "allowedOutputs": ["yes", "no"],
+                "binding": {"primary": {"adapter": adapter, "model": "bench-model"}},
+            }
+            for i in range(count)
+        ],
+    }
+
+
+def registry_for(adapter: str) -> AdmissionRegistry:
+    registry = AdmissionRegistry()
+    wide = {"concurrency": 10_000, "requestsPerMinute": 1e12, "tokensPerSecond": 1e12}
+    registry.register(
+        Profile.from_dict(
+            {
+                "profileVersion": "bench",
+                "workspace": wide,
+                "providers": {adapter: wide},
+                "principals": {PRINCIPAL: wide},
+            },
+            workspace_id=WORKSPACE,
+        )
+    )
+    return registry
+
+
+def request_for(count: int, adapter: str, concurrency: int) -> DecisionEvaluationRequest:
+    return DecisionEvaluationRequest.from_dict(
+        {
+            "ruleset": ruleset(count, adapter),
+            "input": {"text": "the benchmark input"},
+            "scheduler": {"enabled": concurrency > 1, "bindingConcurrency": concurrency},
+        },
+        principal_id=PRINCIPAL,
+        workspace_id=WORKSPACE,
+    )
+
+
+async def time_evaluation(count: int, concurrency: int) -> float:
+    registry = registry_for("fake")
+    request = request_for(count, "fake", concurrency)
+    fake = FakeAdapter()
+    started = time.perf_counter()
+    result = await evaluate_decision_ruleset(request, registry=registry, adapters={"fake": fake})
+    elapsed = time.perf_counter() - started
+    assert result.succeeded and len(fake.calls) == count
+    return elapsed
+
+
+async def time_bare_fake(count: int) -> float:
+    request = request_for(1, "fake", 1)
+    decision = request.ruleset.decisions[0]
+    call = AdapterCall(decision.id, "prompt", decision.binding.primary, decision.output, 1)
+    fake = FakeAdapter()
+    started = time.perf_counter()
+    for _ in range(count):
+        await fake.invoke(call)
+    return time.perf_counter() - started
+
+
+def fake_figures(calls: int) -> None:
+    serial, scheduled, bare, thousand = [], [], [], []
+    for _ in range(ROUNDS):
+        serial.append(asyncio.run(time_evaluation(calls, 1)))
+        scheduled.append(asyncio.run(time_evaluation(calls, 8)))
+        bare.append(asyncio.run(time_bare_fake(calls)))
+        thousand.append(asyncio.run(time_evaluation(1000, 8)))
+    bare_us = statistics.median(bare) / calls * 1e6
+    serial_us = statistics.median(serial) / calls * 1e6 - bare_us
+    scheduled_us = statistics.median(scheduled) / calls * 1e6 - bare_us
+    print(f"fake adapter, zero latency, {calls} calls, median of {ROUNDS} rounds")
+    print(f"  bare adapter call                       {bare_us:8.1f} us/call")
+    print(f"  overhead per call, serial               {serial_us:8.1f} us/call   (target <= 100)")
+    print(
+        f"  overhead per call, scheduled (8)        {scheduled_us:8.1f} us/call   (target <= 100)"
+    )
+    print(
+        f"  1 000 decisions at concurrency 8        {statistics.median(thousand):8.3f} s"
+        "         (target <= 0.5)"
+    )
+
+
+async def http_round(base_url: str, calls: int, concurrency: int) -> tuple[float, float]:
+    """One evaluator run and one bare-httpx run of ``calls`` requests, same pool settings."""
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    adapter = OpenAIChatAdapter(base_url=base_url, max_connections=concurrency)
+    registry = registry_for("http")
+    request = request_for(calls, "http", concurrency)
+    decision = request.ruleset.decisions[0]
+    prompt = decision.render(request.input)
+    body = OpenAIChatAdapter._body(
+        AdapterCall(decision.id, prompt, decision.binding.primary, decision.output, 1)
+    )
+    try:
+        await evaluate_decision_ruleset(  # warm the pool
+            request_for(concurrency, "http", concurrency),
+            registry=registry,
+            adapters={"http": adapter},
+        )
+        started = time.perf_counter()
+        result = await evaluate_decision_ruleset(
+            request, registry=registry, adapters={"http": adapter}
+        )
+        evaluator_s = time.perf_counter() - started
+        assert result.succeeded, result.decisions[0]
+    finally:
+        await adapter.aclose()
+
+    async with httpx.AsyncClient(limits=limits) as client:
+        gate = asyncio.Semaphore(concurrency)
+        url = base_url + "/v1/chat/completions"
+        headers = {"content-type": "application/json", "accept": "application/json"}
+
+        async def one() -> None:
+            async with gate:
+                response = await client.post(url, json=body, headers=headers)
+                response.json()["choices"][0]["message"]["content"]
+
+        await asyncio.gather(*(one() for _ in range(concurrency)))  # warm the pool
+        started = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(calls)))
+        bare_s = time.perf_counter() - started
+    return evaluator_s, bare_s
+
+
+def http_figures(calls: int, concurrency: int) -> None:
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        base_url = f"http://127.0.0.1:{port}"
+        evaluator_times, bare_times = [], []
+        for _ in range(ROUNDS):
+            evaluator_s, bare_s = asyncio.run(http_round(base_url, calls, concurrency))
+            evaluator_times.append(evaluator_s)
+            bare_times.append(bare_s)
+    finally:
+        server.terminate()
+        server.wait(5)
+    evaluator_s = statistics.median(evaluator_times)
+    bare_s = statistics.median(bare_times)
+    print(
+        f"HTTP adapter vs bare httpx, {calls} requests at concurrency {concurrency}, "
+        f"local server, median of {ROUNDS} rounds"
+    )
+    print(f"  bare httpx                              {bare_s / calls * 1e6:8.1f} us/request")
+    print(f"  evaluator + HTTP adapter                {evaluator_s / calls * 1e6:8.1f} us/request")
+    ratio = evaluator_s / bare_s
+    print(f"  ratio                                   {ratio:8.2f} x      (target <= 1.2)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=2000, help="fake-adapter calls per round")
+    parser.add_argument("--http-calls", type=int, default=400, help="HTTP requests per round")
+    parser.add_argument("--http-concurrency", type=int, default=8)
+    args = parser.parse_args()
+    fake_figures(args.calls)
+    http_figures(args.http_calls, args.http_concurrency)
+
+
+if __name__ == "__main__":
+    main()
