@@ -119,7 +119,7 @@ class ArrivalModel:
 class Arrival(NamedTuple):
     """One synthetic request of the timeline (a tuple: twenty thousand are built per run)."""
 
-    index: int
+    ordinal: int
     at_ms: int
     principal_id: str
     principal_class: str
@@ -170,7 +170,7 @@ def iter_arrivals(model: ArrivalModel, end_ms: float) -> Iterator[Arrival]:
         cancels = draw() < model.cancellation_rate
         at_ms = floor(at + 0.5)
         yield Arrival(
-            index=index,
+            ordinal=index,
             at_ms=at_ms,
             principal_id=principal.principal_id,
             principal_class=principal.principal_class,

@@ -84,7 +84,7 @@ class _Call:
     def __init__(self, arrival: Arrival) -> None:
         self.arrival = arrival
         self.acquiring: Any = None
-        self.budget_id = f"arrival-{arrival.index}"
+        self.budget_id = f"arrival-{arrival.ordinal}"
         self.attempt = 0
         self.ever_admitted = False
         self.lease: Any = None

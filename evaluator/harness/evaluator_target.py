@@ -124,7 +124,7 @@ class EvaluatorDriver:
         while arrival is not None:
             # Counted before the task runs, so the run cannot look drained in between.
             self.tally.arrive(arrival.principal_class)
-            self._in_flight[arrival.index] = arrival
+            self._in_flight[arrival.ordinal] = arrival
             task = self.loop.create_task(self._evaluate(arrival))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -144,10 +144,10 @@ class EvaluatorDriver:
             signal = CancelSignal.timeout(delay_ms, reason="cancelled")
         request = DecisionEvaluationRequest(
             ruleset=self._ruleset(arrival.provider_id, arrival.tokens),
-            input={"arrival": str(arrival.index)},
+            input={"arrival": str(arrival.ordinal)},
             principal_id=arrival.principal_id,
             workspace_id=WORKSPACE_ID,
-            invocation_id=f"arrival-{arrival.index}",
+            invocation_id=f"arrival-{arrival.ordinal}",
             signal=signal,
         )
         try:
@@ -164,8 +164,8 @@ class EvaluatorDriver:
         finally:
             if signal is not None:
                 signal.dispose()
-            del self._in_flight[arrival.index]
-            self._dispatched.discard(arrival.index)
+            del self._in_flight[arrival.ordinal]
+            self._dispatched.discard(arrival.ordinal)
             self._check_drained()
 
     def _classify(self, arrival: Arrival, result: EvaluationResult) -> None:
@@ -224,8 +224,8 @@ class EvaluatorDriver:
 
     def _respond(self, call: Any) -> FakeStep:
         arrival = self._arrival_of(call)
-        first_dispatch = arrival.index not in self._dispatched
-        self._dispatched.add(arrival.index)
+        first_dispatch = arrival.ordinal not in self._dispatched
+        self._dispatched.add(arrival.ordinal)
         if first_dispatch and arrival.fails_first_attempt:
             return FakeStep(latency_ms=arrival.service_ms, error="server-error")
         return FakeStep(latency_ms=arrival.service_ms)

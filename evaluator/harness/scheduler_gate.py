@@ -121,7 +121,7 @@ class _Gate:
         declared = manifest.section("profile")
         self.declared = declared
         self.arrivals = arrivals
-        self.by_index = {arrival.index: arrival for arrival in arrivals}
+        self.by_ordinal = {arrival.ordinal: arrival for arrival in arrivals}
         self.loop = VirtualTimeLoop()
         self.tally = LoadTally()
         registry = AdmissionRegistry(clock=self.loop.clock, rng=random.Random(0))
@@ -138,8 +138,8 @@ class _Gate:
     def request(self, batch: Sequence[Arrival]) -> DecisionEvaluationRequest:
         decisions = tuple(
             Decision(
-                id=f"a{arrival.index}",
-                prompt=f"{_PROMPT_PREFIX}{arrival.index}",
+                id=f"a{arrival.ordinal}",
+                prompt=f"{_PROMPT_PREFIX}{arrival.ordinal}",
                 output=_ALLOWED,
                 binding=Binding(primary=self.targets[arrival.provider_id]),
             )
@@ -159,7 +159,7 @@ class _Gate:
         )
 
     def _respond(self, call: Any) -> FakeStep:
-        arrival = self.by_index[int(call.prompt[len(_PROMPT_PREFIX) :])]
+        arrival = self.by_ordinal[int(call.prompt[len(_PROMPT_PREFIX) :])]
         return FakeStep(latency_ms=arrival.service_ms)
 
     async def _evaluate(self, batch: Sequence[Arrival]) -> None:
