@@ -65,3 +65,19 @@ def test_command_writes_a_verified_record_and_a_summary(tmp_path):
     assert record["digest"] in summary
     # Not a terminal: no progress bar redraws in the output.
     assert "\r" not in summary
+
+
+def test_without_a_destination_the_record_is_the_output(capsys):
+    stdout = io.StringIO()
+    call_command(
+        "run_load_harness",
+        "--manifest",
+        "manifests/load-manifest.v2.json",
+        "--target",
+        "evaluator",
+        stdout=stdout,
+    )
+    record = json.loads(stdout.getvalue())
+    verify_record(record)
+    # The human summary stepped aside to stderr.
+    assert "passed" in capsys.readouterr().err
