@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import subprocess
 import sys
@@ -106,6 +107,7 @@ async def time_evaluation(count: int, concurrency: int) -> float:
     registry = registry_for("fake")
     request = request_for(count, "fake", concurrency)
     fake = FakeAdapter()
+    gc.collect()
     started = time.perf_counter()
     result = await evaluate_decision_ruleset(request, registry=registry, adapters={"fake": fake})
     elapsed = time.perf_counter() - started
@@ -118,6 +120,7 @@ async def time_bare_fake(count: int) -> float:
     decision = request.ruleset.decisions[0]
     call = AdapterCall(decision.id, "prompt", decision.binding.primary, decision.output, 1)
     fake = FakeAdapter()
+    gc.collect()
     started = time.perf_counter()
     for _ in range(count):
         await fake.invoke(call)
@@ -131,18 +134,20 @@ def fake_figures(calls: int) -> None:
         scheduled.append(asyncio.run(time_evaluation(calls, 8)))
         bare.append(asyncio.run(time_bare_fake(calls)))
         thousand.append(asyncio.run(time_evaluation(1000, 8)))
-    bare_us = statistics.median(bare) / calls * 1e6
-    serial_us = statistics.median(serial) / calls * 1e6 - bare_us
-    scheduled_us = statistics.median(scheduled) / calls * 1e6 - bare_us
-    print(f"fake adapter, zero latency, {calls} calls, median of {ROUNDS} rounds")
+    # The best round is the one least disturbed by other work on a shared machine.
+    bare_us = min(bare) / calls * 1e6
+    print(f"fake adapter, zero latency, {calls} calls, best and median of {ROUNDS} rounds")
     print(f"  bare adapter call                       {bare_us:8.1f} us/call")
-    print(f"  overhead per call, serial               {serial_us:8.1f} us/call   (target <= 100)")
+    for label, times in (("serial", serial), ("scheduled (8)", scheduled)):
+        best = min(times) / calls * 1e6 - bare_us
+        median = statistics.median(times) / calls * 1e6 - bare_us
+        print(
+            f"  overhead per call, {label:<20} {best:8.1f} us/call best, "
+            f"{median:.1f} median   (target <= 100)"
+        )
     print(
-        f"  overhead per call, scheduled (8)        {scheduled_us:8.1f} us/call   (target <= 100)"
-    )
-    print(
-        f"  1 000 decisions at concurrency 8        {statistics.median(thousand):8.3f} s"
-        "         (target <= 0.5)"
+        f"  1 000 decisions at concurrency 8        {min(thousand):8.3f} s best, "
+        f"{statistics.median(thousand):.3f} median   (target <= 0.5)"
     )
 
 
@@ -173,18 +178,20 @@ async def http_round(base_url: str, calls: int, concurrency: int) -> tuple[float
         await adapter.aclose()
 
     async with httpx.AsyncClient(limits=limits) as client:
-        gate = asyncio.Semaphore(concurrency)
         url = base_url + "/v1/chat/completions"
         headers = {"content-type": "application/json", "accept": "application/json"}
 
-        async def one() -> None:
-            async with gate:
+        async def worker(requests: int) -> None:
+            # The leanest client: a fixed set of workers, each posting back to back.
+            for _ in range(requests):
                 response = await client.post(url, json=body, headers=headers)
                 response.json()["choices"][0]["message"]["content"]
 
-        await asyncio.gather(*(one() for _ in range(concurrency)))  # warm the pool
+        await asyncio.gather(*(worker(1) for _ in range(concurrency)))  # warm the pool
+        shares = [calls // concurrency + (i < calls % concurrency) for i in range(concurrency)]
+        gc.collect()
         started = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(calls)))
+        await asyncio.gather(*(worker(share) for share in shares))
         bare_s = time.perf_counter() - started
     return evaluator_s, bare_s
 
@@ -195,24 +202,29 @@ def http_figures(calls: int, concurrency: int) -> None:
         assert server.stdout is not None
         port = int(server.stdout.readline())
         base_url = f"http://127.0.0.1:{port}"
-        evaluator_times, bare_times = [], []
+        evaluator_times, bare_times, ratios = [], [], []
         for _ in range(ROUNDS):
             evaluator_s, bare_s = asyncio.run(http_round(base_url, calls, concurrency))
             evaluator_times.append(evaluator_s)
             bare_times.append(bare_s)
+            ratios.append(evaluator_s / bare_s)
     finally:
         server.terminate()
         server.wait(5)
-    evaluator_s = statistics.median(evaluator_times)
-    bare_s = statistics.median(bare_times)
     print(
         f"HTTP adapter vs bare httpx, {calls} requests at concurrency {concurrency}, "
-        f"local server, median of {ROUNDS} rounds"
+        f"local server in its own process, {ROUNDS} paired rounds"
     )
-    print(f"  bare httpx                              {bare_s / calls * 1e6:8.1f} us/request")
-    print(f"  evaluator + HTTP adapter                {evaluator_s / calls * 1e6:8.1f} us/request")
-    ratio = evaluator_s / bare_s
-    print(f"  ratio                                   {ratio:8.2f} x      (target <= 1.2)")
+    bare_us = min(bare_times) / calls * 1e6
+    print(f"  bare httpx                              {bare_us:8.1f} us/request best")
+    print(
+        f"  evaluator + HTTP adapter                {min(evaluator_times) / calls * 1e6:8.1f}"
+        " us/request best"
+    )
+    print(
+        f"  ratio of bests                          {min(evaluator_times) / min(bare_times):8.2f} x"
+        f"      median of paired ratios {statistics.median(ratios):.2f} x   (target <= 1.2)"
+    )
 
 
 def main() -> None:
