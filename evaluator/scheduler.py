@@ -247,6 +247,8 @@ class _Run:
         self.outcomes: list[DecisionOutcome | None] = [None] * len(self.ruleset.decisions)
         self.stopped_unstarted: list[int] = []
         self.stopped = False
+        # Attempts admitted in this run per provider, for the attempt-budget check before a wait.
+        self.admitted: dict[str, int] = {}
         self.remaining = 0
         self.done: asyncio.Future[None] = self.loop.create_future()
         self.tasks: set[asyncio.Task[None]] = set()
@@ -381,6 +383,8 @@ class _Run:
                     self.ctx, index, decision, prompt, target_index, target, number
                 )
                 attempts.append(record)
+                if record.evidence is not None and record.evidence.get("decision") == "admit":
+                    self.admitted[target.adapter] = self.admitted.get(target.adapter, 0) + 1
                 step = next_step(record, idempotent=idempotent, stopped=self.signal.cancelled)
                 last_target = target_index == len(targets) - 1
                 exhausted = number == target.retry.max_attempts
@@ -398,6 +402,9 @@ class _Run:
                 if step == NEXT_TARGET or exhausted:
                     break
                 wait_ms = max(target.retry.backoff_ms(number), record.retry_after_ms or 0.0)
+                if not self._attempt_budget_left(target.adapter):
+                    # Waiting cannot help: the next attempt is refused (and recorded) at once.
+                    wait_ms = 0.0
                 if not await self._backoff(wait_ms, permit):
                     return await self._stopped_recorded(index, decision.id, attempts)
                 number += 1
@@ -406,6 +413,23 @@ class _Run:
         # Resumed past the last target without a terminal record (defensive).
         status = attempts[-1].outcome if attempts else self.stop_status()
         return DecisionOutcome(decision.id, status, None, tuple(attempts))
+
+    def _attempt_budget_left(self, provider_id: str) -> bool:
+        """Whether the invocation's attempt budgets (principal, workspace, provider) still allow
+        one more admitted attempt on ``provider_id``."""
+        profile = self.ctx.controller.profile
+        total = sum(self.admitted.values())
+        principal = profile.principal(self.request.principal_id)
+        provider = profile.provider(provider_id)
+        for limits, used in (
+            (principal, total),
+            (profile.workspace, total),
+            (provider, self.admitted.get(provider_id, 0)),
+        ):
+            bound = limits.max_attempts if limits is not None else None
+            if bound is not None and used + 1 > bound:
+                return False
+        return True
 
     def _resume_position(self, decision: Any, attempts: list[AttemptRecord]) -> tuple[int, int]:
         if not attempts:

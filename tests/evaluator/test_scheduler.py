@@ -275,3 +275,29 @@ def test_CNC_SCHED_BACKOFF_003_cancellation_during_backoff_is_honoured_at_once()
     assert result.status == "cancelled"
     assert [d.status for d in result.decisions] == ["cancelled", "cancelled"]
     assert len(fake.calls) == 1
+
+
+def test_a_retry_does_not_wait_when_the_invocation_attempt_budget_is_spent():
+    async def main(loop):
+        prof = profile(principals={PRINCIPAL: {"concurrency": 4, "maxAttempts": 1}})
+        registry = registry_with(loop, prof)
+        fake = FakeAdapter({"d0": [FakeStep(latency_ms=10, error="server-error")]})
+        ruleset = {
+            "id": "budget",
+            "decisions": [
+                decision_doc(
+                    "d0", retry={"maxAttempts": 3, "initialBackoffMs": 5_000, "maxBackoffMs": 5_000}
+                )
+            ],
+        }
+        result = await evaluate_decision_ruleset(
+            request(ruleset), registry=registry, adapters={"fake": fake}
+        )
+        return result, fake, loop.time()
+
+    result, fake, elapsed = run_virtual(main)
+    assert elapsed == pytest.approx(0.010)
+    (decision,) = result.decisions
+    assert [a.reason for a in decision.attempts] == ["http-503", "attempts"]
+    assert decision.status == "budget-exhausted"
+    assert len(fake.calls) == 1
