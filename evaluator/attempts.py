@@ -90,7 +90,7 @@ async def run_attempt(
 ) -> tuple[AttemptRecord, Any]:
     """Run one attempt; returns its record and, when it succeeded, the parsed output."""
     started = ctx.elapsed_ms()
-    base = {
+    base: dict[str, Any] = {
         "target_index": target_index,
         "adapter_id": target.adapter,
         "model": target.model,
