@@ -95,6 +95,12 @@ def no_tokens(decision, target, prompt):
     return estimate
 
 
+def no_retained_work(decision, target, prompt):
+    estimate = default_estimate(decision, target, prompt)
+    estimate.retained_work = None
+    return estimate
+
+
 def negative_tokens(decision, target, prompt):
     estimate = default_estimate(decision, target, prompt)
     estimate.tokens = -1
@@ -173,6 +179,21 @@ REJECTIONS = [
         None,
     ),
     ("invalid-estimate", "overloaded", {}, {}, "bad-estimate"),
+    (
+        "batch-size",
+        "overloaded",
+        {"providers": {"fake": {"concurrency": 1, "maxBatchSize": 0}}},
+        {},
+        None,
+    ),
+    ("too-many-items", "overloaded", {"workspace": {"concurrency": 1, "maxItems": 0}}, {}, None),
+    (
+        "unknown-retained-work",
+        "overloaded",
+        {"workspace": {"concurrency": 1, "maxRetainedWork": 4}},
+        {},
+        "no-retained-work",
+    ),
 ]
 
 
@@ -205,7 +226,11 @@ def test_CNC_ADMIT_RECEIPT_001_every_rejection_is_recorded_not_sent_and_terminal
         if scenario == "cancel":
             signal = CancelSignal()
             loop.call_later(0.02, signal.cancel, "caller-gave-up")
-        estimate = {"no-tokens": no_tokens, "bad-estimate": negative_tokens}.get(scenario)
+        estimate = {
+            "no-tokens": no_tokens,
+            "bad-estimate": negative_tokens,
+            "no-retained-work": no_retained_work,
+        }.get(scenario)
         req = request(single(**target), signal=signal, **fields)
         store = store_factory()
         result = await evaluate_decision_ruleset(

@@ -48,7 +48,11 @@ def test_CNC_ADMIT_012_queue_overflow_is_shed_before_network_dispatch():
                 # The slow request is on the wire and held by the server.
                 assert await loop.run_in_executor(None, server.received.acquire, True, 10)
                 second = run(SECOND)
-                await asyncio.sleep(0.05)
+                # Real HTTP, real loop: wait until the second request is parked in the queue.
+                for _ in range(500):
+                    if controller.snapshot(SECOND).queued == 1:
+                        break
+                    await asyncio.sleep(0.01)
                 third = await run(THIRD)
                 held = {
                     "requests": len(server.requests),
