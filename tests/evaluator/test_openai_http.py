@@ -34,7 +34,7 @@ def call(**target):
     )
 
 
-def invoke(server, *, target=None, env=None, monkeypatch=None):
+def invoke(server, *, target=None):
     async def main():
         adapter = OpenAIChatAdapter(base_url=server.base_url, api_key_env="SLUICE_TEST_KEY")
         try:
