@@ -440,17 +440,19 @@ class AdmissionController:
             return "invalid-estimate"
         scopes = (principal, self._workspace, provider)
         for scope in scopes:
-            reason = self._static_reason(ticket, scope.limits)
-            if reason is not None:
-                return reason
+            if scope.has_static:
+                reason = self._static_reason(ticket, scope.limits)
+                if reason is not None:
+                    return reason
         tokens = ticket.tokens
         for scope in scopes:
-            limits = scope.limits
-            if limits.requests_per_minute is not None and limits.requests_per_minute <= 0:
-                return "requests-per-minute"
-            tps = limits.tokens_per_second
-            if tps is not None and tokens is not None and tokens > tps:
-                return "tokens-per-second"
+            if scope.never_fits:
+                limits = scope.limits
+                if limits.requests_per_minute is not None and limits.requests_per_minute <= 0:
+                    return "requests-per-minute"
+                tps = limits.tokens_per_second
+                if tps is not None and tokens is not None and tokens > tps:
+                    return "tokens-per-second"
         for scope in scopes:
             if scope.has_budgets:
                 reason = self._budget_reason(ticket, scope)

@@ -90,6 +90,8 @@ class Scope:
         "budgets",
         "configured",
         "has_budgets",
+        "has_static",
+        "never_fits",
         "key",
         "kind",
         "limits",
@@ -127,6 +129,8 @@ class Scope:
         self.unused_reserved = 0
         self.limits = limits
         self.has_budgets = False
+        self.has_static = False
+        self.never_fits = False
         # False once a newer profile no longer names this scope; its counters live on.
         self.configured = True
         self.apply(limits, now_ms)
@@ -139,7 +143,17 @@ class Scope:
             or limits.max_cost_usd is not None
             or limits.max_tokens is not None
         )
+        # Which preflight checks can fail in this scope, decided once per profile.
+        self.has_static = (
+            limits.max_batch_size is not None
+            or limits.max_request_bytes is not None
+            or limits.max_items is not None
+            or limits.max_retained_work is not None
+            or (limits.max_cost_usd is not None and not limits.allow_unknown_cost)
+            or limits.max_tokens is not None
+        )
         rpm = limits.requests_per_minute
+        self.never_fits = (rpm is not None and rpm <= 0) or limits.tokens_per_second is not None
         if rpm is None:
             self.req_bucket = None
         elif self.req_bucket is None:
