@@ -12,6 +12,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -39,6 +40,14 @@ from admission.models import (
 
 APPROVE_PERMISSION = "admission.approve_profileversion"
 ACTIVATE_PERMISSION = "admission.activate_profileversion"
+
+
+def _operator(request: HttpRequest) -> User:
+    """The signed-in admin user; the admin site only lets authenticated staff this far."""
+    user = request.user
+    if not isinstance(user, User):
+        raise PermissionDenied
+    return user
 
 
 def _pretty(document: Any) -> str:
@@ -222,7 +231,7 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, admin.ModelAdmin):
                 else:
                     try:
                         version = services.profile_version_propose(
-                            workspace=workspace, document=document, proposed_by=request.user
+                            workspace=workspace, document=document, proposed_by=_operator(request)
                         )
                     except (services.ProfileServiceError, InvalidProfileError) as error:
                         form.add_error("document", str(error))
@@ -264,13 +273,16 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, admin.ModelAdmin):
                     if decision == "approve":
                         services.profile_version_approve(
                             version=version,
-                            approver=request.user,
+                            approver=_operator(request),
                             checklist=checklist,
                             comment=comment,
                         )
                         return f"Approved {version}."
                     services.profile_version_reject(
-                        version=version, approver=request.user, checklist=checklist, comment=comment
+                        version=version,
+                        approver=_operator(request),
+                        checklist=checklist,
+                        comment=comment,
                     )
                     return f"Rejected {version}."
 
@@ -309,7 +321,7 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, admin.ModelAdmin):
     @admin.action(description="Activate selected approved versions", permissions=["activate"])
     def activate_selected(self, request: HttpRequest, queryset: QuerySet[ProfileVersion]) -> None:
         def activate(version: ProfileVersion) -> str:
-            record = services.profile_version_activate(version=version, actor=request.user)
+            record = services.profile_version_activate(version=version, actor=_operator(request))
             return f"Activated {version} ({record.kind})."
 
         # Oldest first, so several versions of one workspace activate in proposal order.
@@ -321,7 +333,7 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, admin.ModelAdmin):
     def request_rollback(self, request: HttpRequest, queryset: QuerySet[ProfileVersion]) -> None:
         def request_one(version: ProfileVersion) -> str:
             services.rollback_request_create(
-                workspace=version.workspace, target=version, requested_by=request.user
+                workspace=version.workspace, target=version, requested_by=_operator(request)
             )
             return f"Requested a rollback to {version}; a second operator must approve it."
 
@@ -366,11 +378,11 @@ class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.M
                 def decide(rollback: RollbackRequest) -> str:
                     if decision == "approve":
                         record = services.rollback_request_approve(
-                            request=rollback, approver=request.user, comment=comment
+                            request=rollback, approver=_operator(request), comment=comment
                         )
                         return f"Rolled {rollback.workspace} back to {record.profile_version}."
                     services.rollback_request_reject(
-                        request=rollback, approver=request.user, comment=comment
+                        request=rollback, approver=_operator(request), comment=comment
                     )
                     return f"Rejected the rollback of {rollback.workspace}."
 

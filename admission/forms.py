@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from django import forms
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.urls import reverse
 
 from admission import selectors, services
@@ -35,7 +35,7 @@ class ProfileProposeForm(forms.Form):
         help_text="The whole profile: profileVersion, workspace, providers, principals.",
     )
 
-    def __init__(self, *args: Any, user: AbstractBaseUser | AnonymousUser, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: User | AnonymousUser, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["workspace"].queryset = selectors.workspace_list_for_user(  # type: ignore[attr-defined]
             user=user, permission="admission.view_workspace"

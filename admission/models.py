@@ -86,7 +86,7 @@ class ProfileVersion(AppendOnlyModel):
     class Meta:
         ordering = ("-created_at", "-id")
         default_permissions = ("add", "view")
-        permissions: ClassVar[list[tuple[str, str]]] = [
+        permissions = [
             ("approve_profileversion", "Can approve or reject profile versions"),
             ("activate_profileversion", "Can activate profile versions and request rollbacks"),
         ]
@@ -98,7 +98,7 @@ class ProfileVersion(AppendOnlyModel):
         ]
 
     def __str__(self) -> str:
-        return f"{self.workspace_id and self.workspace.key}:{self.profile_version}"
+        return f"{self.workspace.key}:{self.profile_version}"
 
 
 class ProfileApproval(AppendOnlyModel):

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Subquery
 
 from admission.models import (
@@ -16,10 +15,13 @@ from admission.models import (
     Workspace,
 )
 
-User = AbstractBaseUser | AnonymousUser
+if TYPE_CHECKING:
+    from django.contrib.auth.models import AnonymousUser, User
+
+    Caller = User | AnonymousUser
 
 
-def workspace_list_for_user(*, user: User, permission: str | None = None) -> QuerySet[Workspace]:
+def workspace_list_for_user(*, user: Caller, permission: str | None = None) -> QuerySet[Workspace]:
     """Workspaces `user` belongs to, with `current_profile_version`; staff holding `permission`
     see every workspace."""
     current = (
@@ -38,7 +40,7 @@ def workspace_list_for_user(*, user: User, permission: str | None = None) -> Que
 
 
 def workspace_get_for_user(
-    *, user: User, key: str, permission: str | None = None
+    *, user: Caller, key: str, permission: str | None = None
 ) -> Workspace | None:
     """One visible workspace by key, or None (callers answer 404 either way)."""
     return workspace_list_for_user(user=user, permission=permission).filter(key=key).first()

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -25,6 +24,9 @@ from admission.models import (
     RollbackRequest,
     Workspace,
 )
+
+if TYPE_CHECKING:
+    from django.contrib.auth.models import User
 
 NOTIFY_CHANNEL = "sluice_profiles"
 LABEL_MAX_LENGTH = ProfileVersion._meta.get_field("profile_version").max_length or 128
@@ -129,7 +131,7 @@ def profile_document_check(workspace: Workspace, document: Any) -> Profile:
 
 
 def profile_version_propose(
-    *, workspace: Workspace, document: Mapping[str, Any], proposed_by: AbstractBaseUser
+    *, workspace: Workspace, document: Mapping[str, Any], proposed_by: User
 ) -> ProfileVersion:
     """Store a new immutable profile version after the core has validated it.
 
@@ -176,7 +178,7 @@ def _refuse_existing(existing: ProfileVersion, profile: Profile) -> None:
 def profile_version_approve(
     *,
     version: ProfileVersion,
-    approver: AbstractBaseUser,
+    approver: User,
     checklist: Mapping[str, Any],
     comment: str = "",
 ) -> ProfileApproval:
@@ -200,7 +202,7 @@ def profile_version_approve(
 def profile_version_reject(
     *,
     version: ProfileVersion,
-    approver: AbstractBaseUser,
+    approver: User,
     checklist: Mapping[str, Any] | None = None,
     comment: str,
 ) -> ProfileApproval:
@@ -219,7 +221,7 @@ def profile_version_reject(
 def _decide(
     *,
     version: ProfileVersion,
-    approver: AbstractBaseUser,
+    approver: User,
     decision: str,
     checklist: Mapping[str, Any],
     comment: str,
@@ -247,9 +249,7 @@ def _decide(
         raise
 
 
-def profile_version_activate(
-    *, version: ProfileVersion, actor: AbstractBaseUser
-) -> ProfileChangeRecord:
+def profile_version_activate(*, version: ProfileVersion, actor: User) -> ProfileChangeRecord:
     """Make an approved, never-activated version current, in one transaction.
 
     Locks the workspace row, checks the current version inside the lock, registers the profile
@@ -264,7 +264,7 @@ def rollback_request_create(
     *,
     workspace: Workspace,
     target: ProfileVersion,
-    requested_by: AbstractBaseUser,
+    requested_by: User,
     reason: str = "",
 ) -> RollbackRequest:
     """Ask to activate an earlier version again; a second person approves it."""
@@ -291,7 +291,7 @@ def rollback_request_create(
 
 
 def rollback_request_approve(
-    *, request: RollbackRequest, approver: AbstractBaseUser, comment: str = ""
+    *, request: RollbackRequest, approver: User, comment: str = ""
 ) -> ProfileChangeRecord:
     """Approve a pending rollback and activate its target again (a `rollback` change record)."""
     if approver.pk == request.requested_by_id:
@@ -304,7 +304,7 @@ def rollback_request_approve(
 
 
 def rollback_request_reject(
-    *, request: RollbackRequest, approver: AbstractBaseUser, comment: str
+    *, request: RollbackRequest, approver: User, comment: str
 ) -> RollbackRequest:
     """Close a pending rollback request without activating anything."""
     if approver.pk == request.requested_by_id:
@@ -331,7 +331,7 @@ def _lock_pending_request(request: RollbackRequest) -> RollbackRequest:
 def _activate(
     *,
     version: ProfileVersion,
-    actor: AbstractBaseUser,
+    actor: User,
     rollback_request: RollbackRequest | None,
     comment: str = "",
 ) -> ProfileChangeRecord:

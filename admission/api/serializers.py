@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
 from admission import selectors
@@ -134,15 +135,16 @@ class ProfileChangeRecordSerializer(serializers.ModelSerializer):
         return CHANGE_RECORD_SCHEMA
 
 
-class ErrorBodySerializer(serializers.Serializer):
-    type = serializers.CharField()
-    detail = serializers.CharField(required=False)
-    fields = serializers.DictField(
-        child=serializers.ListField(child=serializers.CharField()), required=False
-    )
-
-
 class ErrorSerializer(serializers.Serializer):
     """The one error shape of the API (config.api_errors)."""
 
-    error = ErrorBodySerializer()
+    error = inline_serializer(
+        name="ErrorBody",
+        fields={
+            "type": serializers.CharField(),
+            "detail": serializers.CharField(required=False),
+            "fields": serializers.DictField(
+                child=serializers.ListField(child=serializers.CharField()), required=False
+            ),
+        },
+    )

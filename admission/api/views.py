@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import generics, status, viewsets
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework import generics, serializers, status, viewsets
+from rest_framework.exceptions import NotAuthenticated, NotFound, ValidationError
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -47,12 +48,21 @@ class TypedNotFoundMixin:
             raise NotFound() from missing
 
 
+def _caller(request: Request) -> User:
+    """The authenticated caller; permission classes have already refused anyone else."""
+    user = request.user
+    if not isinstance(user, User):
+        raise NotAuthenticated()
+    return user
+
+
 @extend_schema(tags=["workspaces"])
 class WorkspaceViewSet(TypedNotFoundMixin, viewsets.ReadOnlyModelViewSet):
     """Workspaces the caller belongs to (staff with the view permission: all)."""
 
     serializer_class = WorkspaceSerializer
     lookup_field = "key"
+    lookup_url_kwarg = "workspace_key"
     lookup_value_regex = r"[-a-zA-Z0-9_]+"
     filter_backends: list[Any] = []
 
@@ -62,11 +72,9 @@ class WorkspaceViewSet(TypedNotFoundMixin, viewsets.ReadOnlyModelViewSet):
         )
 
 
-class WorkspaceScopedMixin:
+class WorkspaceScopedView(generics.GenericAPIView):
     """Resolves `workspace_key` to a workspace visible to the caller, or answers 404."""
 
-    request: Request
-    kwargs: dict[str, Any]
     workspace_permission = "admission.view_workspace"
     _workspace: Workspace | None = None
 
@@ -88,7 +96,7 @@ class WorkspaceScopedMixin:
     parameters=[WORKSPACE_KEY],
     responses={200: ProfileChangeRecordSerializer(many=True), 404: NOT_FOUND},
 )
-class ProfileHistoryView(WorkspaceScopedMixin, generics.ListAPIView):
+class ProfileHistoryView(WorkspaceScopedView, generics.ListAPIView):
     """The workspace's `decision-admission-profile-change/v1` records, newest first."""
 
     serializer_class = ProfileChangeRecordSerializer
@@ -103,7 +111,7 @@ class ProfileHistoryView(WorkspaceScopedMixin, generics.ListAPIView):
         return selectors.profile_history_list(workspace=self.get_workspace())
 
 
-class ProfileVersionListView(WorkspaceScopedMixin, generics.ListCreateAPIView):
+class ProfileVersionListView(WorkspaceScopedView, generics.ListCreateAPIView):
     """Profile versions of a workspace with their decisions and digests; POST proposes one."""
 
     serializer_class = ProfileVersionSerializer
@@ -116,6 +124,12 @@ class ProfileVersionListView(WorkspaceScopedMixin, generics.ListCreateAPIView):
         if getattr(self, "swagger_fake_view", False):
             return ProfileVersion.objects.none()
         return selectors.profile_version_list(workspace=self.get_workspace())
+
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        # The browsable API's form for POST shows the proposal's input, not the listing.
+        if self.request is not None and self.request.method == "POST":
+            return ProfileProposeSerializer
+        return ProfileVersionSerializer
 
     @extend_schema(
         tags=["profiles"],
@@ -145,7 +159,7 @@ class ProfileVersionListView(WorkspaceScopedMixin, generics.ListCreateAPIView):
             version = services.profile_version_propose(
                 workspace=self.get_workspace(),
                 document=payload.validated_data["document"],
-                proposed_by=request.user,
+                proposed_by=_caller(request),
             )
         except services.ProfileVersionDuplicate as duplicate:
             return Response(self._represent(duplicate.version), status=status.HTTP_200_OK)
@@ -168,7 +182,7 @@ class ProfileVersionListView(WorkspaceScopedMixin, generics.ListCreateAPIView):
     ],
     responses={200: ProfileVersionSerializer, 404: NOT_FOUND},
 )
-class ProfileVersionDetailView(TypedNotFoundMixin, WorkspaceScopedMixin, generics.RetrieveAPIView):
+class ProfileVersionDetailView(TypedNotFoundMixin, WorkspaceScopedView, generics.RetrieveAPIView):
     """One profile version by its `profileVersion` label."""
 
     serializer_class = ProfileVersionSerializer

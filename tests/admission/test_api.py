@@ -335,3 +335,13 @@ def test_docs_ui_is_served_without_a_cdn(client, member):
     html = response.content.decode()
     assert "drf_spectacular_sidecar" in html
     assert "cdn.jsdelivr" not in html and "unpkg.com" not in html
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["/api/workspaces/", "/api/workspaces/acme/profiles/", "/api/workspaces/acme/profile-history/"],
+)
+def test_browsable_api_pages_render(workspace, member, url):
+    response = _client(member).get(url, HTTP_ACCEPT="text/html")
+    assert response.status_code == 200
+    assert b"<html" in response.content
