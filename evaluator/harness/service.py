@@ -13,12 +13,12 @@ from typing import Any
 
 from evaluator.harness.arrivals import ArrivalModel, generate_arrivals
 from evaluator.harness.controller_target import CONTROLLER_TARGET
-from evaluator.harness.errors import LoadHarnessError, UnknownTargetError
+from evaluator.harness.errors import UnknownTargetError
 from evaluator.harness.evaluator_target import EVALUATOR_TARGET
 from evaluator.harness.manifests import LoadManifest, load_manifest
 from evaluator.harness.records import build_record
-from evaluator.harness.resources import cpu_time_of, heap_peak_of, resources
-from evaluator.harness.target import LoadTarget, Progress, TargetRun
+from evaluator.harness.resources import HeapSampler, cpu_time_of, resources
+from evaluator.harness.target import LoadTarget, Progress
 
 __all__ = ["LOAD_TARGETS", "evidence_path", "run_load", "run_manifest", "write_record"]
 
@@ -40,19 +40,20 @@ def run_manifest(
 ) -> dict[str, Any]:
     """Run an already loaded (hence registered) manifest; returns the digest-bound record."""
     runner = _target(target)
-    traced_progress = timed_progress = None
-    if progress is not None:
-        # The traced pass takes most of the wall time; give it most of the bar.
-        traced_progress = _scaled(progress, 0.0, _TRACED_SHARE)
-        timed_progress = _scaled(progress, _TRACED_SHARE, 1.0)
-    # The timeline is the run's input: made once for both passes, its CPU counted, its storage not.
+    # The timeline is the run's input: made once, its CPU counted with the run's.
     model = ArrivalModel.from_manifest(manifest)
     arrivals, timeline_cpu = cpu_time_of(
         lambda: generate_arrivals(model, runner.window_end_ms(manifest))
     )
-    traced, heap_peak = heap_peak_of(lambda: runner.run(manifest, arrivals, traced_progress))
-    timed, run_cpu = cpu_time_of(lambda: runner.run(manifest, arrivals, timed_progress))
-    _require_same_run(traced, timed)
+    heap = HeapSampler()
+
+    def tick(fraction: float) -> None:
+        heap.sample()
+        if progress is not None:
+            progress(fraction)
+
+    timed, run_cpu = cpu_time_of(lambda: runner.run(manifest, arrivals, tick))
+    heap.sample()
     cpu_seconds = timeline_cpu + run_cpu
     return build_record(
         manifest=manifest,
@@ -60,24 +61,8 @@ def run_manifest(
         target=target,
         window=timed.window,
         observations=timed.observations,
-        resources=resources(timed.virtual_duration_ms, cpu_seconds, heap_peak),
+        resources=resources(timed.virtual_duration_ms, cpu_seconds, heap.peak_bytes),
     )
-
-
-_TRACED_SHARE = 0.8
-
-
-def _scaled(progress: Progress, start: float, end: float) -> Progress:
-    return lambda fraction: progress(start + (end - start) * fraction)
-
-
-def _require_same_run(traced: TargetRun, timed: TargetRun) -> None:
-    # Both passes must be the same run, or the heap figure would describe another one.
-    if traced.observations != timed.observations or traced.mode != timed.mode:
-        raise LoadHarnessError(
-            "the traced and the timed pass observed different runs: the load run is not "
-            "deterministic"
-        )
 
 
 def run_load(
