@@ -17,8 +17,8 @@ install: $(STAMP)
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
 
-run: migrate
-	$(BIN)/python manage.py runserver 127.0.0.1:8000
+run: install
+	$(BIN)/python -m config.cli run
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

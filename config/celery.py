@@ -1,0 +1,60 @@
+"""The Celery app, as in Celery's Django example: settings under CELERY_*, tasks autodiscovered.
+
+Embedded default: the filesystem broker under var/broker (no server). With CELERY_BROKER_URL
+set, Redis or RabbitMQ. Results go to django-celery-results either way.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init, worker_process_shutdown
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("sluice")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+
+# A queue name of its own lets several deployments (and test runs) share one Redis.
+app.conf.task_default_queue = os.environ.get("SLUICE_CELERY_QUEUE", "sluice")
+
+_transport_options: dict[str, Any] = dict(app.conf.broker_transport_options or {})
+if str(app.conf.broker_url).startswith("filesystem://"):
+    for key in ("data_folder_in", "data_folder_out", "control_folder", "processed_folder"):
+        if key in _transport_options:
+            Path(_transport_options[key]).mkdir(parents=True, exist_ok=True)
+    # The default one-second poll would put a second on every submit-to-start.
+    _transport_options.setdefault(
+        "polling_interval", float(os.environ.get("SLUICE_BROKER_POLL_SECONDS", "0.05"))
+    )
+elif str(app.conf.broker_url).startswith(("redis://", "rediss://")):
+    # An unacknowledged message goes back to the queue after this long; it must outlast the
+    # longest evaluation, or a slow run would be delivered twice (the receipt stops the second).
+    _transport_options.setdefault(
+        "visibility_timeout", int(os.environ.get("SLUICE_BROKER_VISIBILITY_TIMEOUT", "3600"))
+    )
+app.conf.broker_transport_options = _transport_options
+
+app.autodiscover_tasks()
+
+
+@worker_process_init.connect
+def _fresh_process_state(**_: Any) -> None:
+    # A forked pool child owns no registry, loop or listener thread of the parent's.
+    from admission import refresh, runtime
+    from evaluator.worker import evaluation_loop, reset_evaluation_loop
+
+    runtime.reset_registry()
+    reset_evaluation_loop()
+    refresh.reset_after_fork()
+    refresh.start_listener(evaluation_loop().frozen)
+
+
+@worker_process_shutdown.connect
+def _stop_listener(**_: Any) -> None:
+    from admission import refresh
+
+    refresh.stop_listener()

@@ -1,0 +1,221 @@
+"""`python -m config.cli run | demo-setup`: the newcomer's path to a running Sluice.
+
+`run` migrates, sets up the demo (idempotent), starts the web server and one Celery worker,
+prints where to go and how to sign in, and stops both on Ctrl-C or SIGTERM. With no
+environment it runs on SQLite and the filesystem broker under var/; DATABASE_URL and
+CELERY_BROKER_URL switch it to PostgreSQL and Redis (or RabbitMQ), see docs/running.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DEFAULT_ADDR = "127.0.0.1:8000"
+STOP_GRACE_SECONDS = 15.0
+READY_TIMEOUT_SECONDS = 120.0
+
+
+def _setup_django() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+    from django.conf import settings
+
+    django.setup()
+    Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
+
+
+def _prepare(verbosity: int) -> Any:
+    _setup_django()
+    from django.core.management import call_command
+
+    from config.demo import demo_setup
+
+    call_command("migrate", interactive=False, verbosity=verbosity)
+    return demo_setup()
+
+
+def demo_setup_command(args: argparse.Namespace) -> int:
+    demo = _prepare(verbosity=0 if args.json else 1)
+    if args.json:
+        print(json.dumps(demo.as_dict()))
+    else:
+        _print_credentials(demo)
+    return 0
+
+
+def _print_credentials(demo: Any) -> None:
+    print(f"Demo workspace {demo.workspace!r}, active profile {demo.profile_version!r}.")
+    for user in (demo.proposer, demo.approver):
+        print(f"  user {user.username:<14} password {user.password:<20} API token {user.token}")
+
+
+def _banner(demo: Any, addr: str, broker: str, database: str) -> None:
+    base = f"http://{addr}"
+    token = demo.proposer.token
+    evaluations = f"{base}/api/workspaces/{demo.workspace}/evaluations/"
+    lines = [
+        "",
+        "Sluice is running.",
+        f"  admin      {base}/admin/",
+        f"  API docs   {base}/api/docs/",
+        f"  database   {database}",
+        f"  broker     {broker}",
+        "",
+    ]
+    print("\n".join(lines))
+    _print_credentials(demo)
+    print(
+        "\nRun an evaluation (docs/quick-tour.md explains the document):\n"
+        f"  curl -s -H 'Authorization: Token {token}' -H 'Content-Type: application/json' \\\n"
+        f"    -d @docs/example-evaluation.json {evaluations}\n"
+        "\nPress Ctrl-C to stop the web server and the worker.\n",
+        flush=True,
+    )
+
+
+def _die_with_parent() -> None:
+    # A child must not outlive a launcher that was killed without a chance to stop it.
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+class Supervisor:
+    """Starts child processes, and stops them all: SIGTERM first, SIGKILL after a grace period."""
+
+    def __init__(self) -> None:
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.stopping = False
+
+    def start(self, name: str, argv: list[str]) -> None:
+        # A group of its own: Ctrl-C reaches the launcher alone, which stops children in order.
+        self.children[name] = subprocess.Popen(
+            argv, cwd=BASE_DIR, process_group=0, preexec_fn=_die_with_parent
+        )
+
+    def exited(self) -> str | None:
+        for name, child in self.children.items():
+            if child.poll() is not None:
+                return name
+        return None
+
+    def stop(self) -> None:
+        for child in self.children.values():
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for child in self.children.values():
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def _wait_ready(url: str, supervisor: Supervisor) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline and not supervisor.stopping:
+        if supervisor.exited() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def run_command(args: argparse.Namespace) -> int:
+    demo = _prepare(verbosity=1)
+    from django.conf import settings
+
+    database = f"{settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]} " + str(
+        settings.DATABASES["default"]["NAME"]
+    )
+    broker = str(settings.CELERY_BROKER_URL).split("@")[-1]
+    supervisor = Supervisor()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        supervisor.stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    python = sys.executable
+    supervisor.start("web", [python, "manage.py", "runserver", args.addr, "--noreload"])
+    supervisor.start(
+        "worker",
+        [
+            python,
+            "-m",
+            "celery",
+            "-A",
+            "config",
+            "worker",
+            "--loglevel",
+            "INFO",
+            "--concurrency",
+            str(args.concurrency),
+            "--without-gossip",
+            "--without-mingle",
+            "--hostname",
+            f"sluice-{os.getpid()}@%h",
+        ],
+    )
+    status = 0
+    try:
+        if _wait_ready(f"http://{args.addr}/admin/login/", supervisor):
+            _banner(demo, args.addr, broker, database)
+        while not supervisor.stopping:
+            name = supervisor.exited()
+            if name is not None:
+                print(f"The {name} process exited; stopping.", file=sys.stderr)
+                status = 1
+                break
+            time.sleep(0.2)
+    finally:
+        print("Stopping the web server and the worker…", flush=True)
+        supervisor.stop()
+    print("Stopped.", flush=True)
+    return status
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m config.cli", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="migrate, set up the demo, run web server and worker")
+    run.add_argument("--addr", default=os.environ.get("SLUICE_ADDR", DEFAULT_ADDR))
+    run.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(os.environ.get("SLUICE_WORKER_CONCURRENCY", "2")),
+        help="worker processes (default 2)",
+    )
+    run.set_defaults(handler=run_command)
+    setup = commands.add_parser("demo-setup", help="migrate and set up the demo, idempotently")
+    setup.add_argument("--json", action="store_true", help="print the credentials as JSON")
+    setup.add_argument("--addr", default=os.environ.get("SLUICE_ADDR", DEFAULT_ADDR))
+    setup.set_defaults(handler=demo_setup_command)
+    args = parser.parse_args(argv)
+    return int(args.handler(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

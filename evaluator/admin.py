@@ -1,0 +1,356 @@
+"""Admin for evaluation runs, load runs and receipts: start runs through the services, read
+everything else. Run rows change only through their worker, so nothing here edits them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+
+from evaluator import services
+from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
+from evaluator.models import EvaluationRun, LoadRun, Receipt
+
+
+def _pretty(document: Any) -> SafeString:
+    if document is None:
+        return format_html("<pre>{}</pre>", "—")
+    text = json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False)
+    return format_html('<pre style="max-height: 40em; overflow: auto">{}</pre>', text)
+
+
+class RunAdminMixin:
+    """Rows written by workers: viewable, never changed or deleted by hand."""
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)  # type: ignore[misc]
+        actions.pop("delete_selected", None)
+        return actions
+
+    @admin.display(description="duration")
+    def duration(self, obj: EvaluationRun | LoadRun) -> str:
+        if obj.started_at is None or obj.finished_at is None:
+            return "—"
+        return f"{(obj.finished_at - obj.started_at).total_seconds():.2f} s"
+
+
+@admin.register(EvaluationRun)
+class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
+    list_display = (
+        "short_id",
+        "workspace",
+        "principal_id",
+        "ruleset_id",
+        "status",
+        "profile_version",
+        "decision_count",
+        "deliveries",
+        "created_at",
+        "duration",
+    )
+    list_filter = ("status", "workspace", "created_at")
+    list_select_related = ("workspace",)
+    search_fields = ("=id", "invocation_id", "ruleset_id", "principal_id")
+    readonly_fields = (
+        "id",
+        "workspace",
+        "principal_id",
+        "submitted_by",
+        "invocation_id",
+        "status",
+        "profile_version",
+        "ruleset_id",
+        "ruleset_digest",
+        "decision_count",
+        "deliveries",
+        "task_id",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "duration",
+        "error_pretty",
+        "outcomes",
+        "attempts_table",
+        "result_pretty",
+        "request_pretty",
+    )
+    fields = readonly_fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("evaluator.add_evaluationrun")
+
+    @admin.display(description="run")
+    def short_id(self, obj: EvaluationRun) -> str:
+        return str(obj.pk)[:8]
+
+    @admin.display(description="error")
+    def error_pretty(self, obj: EvaluationRun) -> SafeString:
+        return _pretty(obj.error)
+
+    @admin.display(description="result")
+    def result_pretty(self, obj: EvaluationRun) -> SafeString:
+        return _pretty(obj.result)
+
+    @admin.display(description="request")
+    def request_pretty(self, obj: EvaluationRun) -> SafeString:
+        return _pretty(obj.document)
+
+    @admin.display(description="outcomes (ruleset order)")
+    def outcomes(self, obj: EvaluationRun) -> SafeString | str:
+        decisions = (obj.result or {}).get("decisions") or []
+        if not decisions:
+            return "—"
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+            ((d["decisionId"], d["status"], json.dumps(d.get("output"))) for d in decisions),
+        )
+        return format_html(
+            "<table><thead><tr><th>decision</th><th>status</th><th>output</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            rows,
+        )
+
+    @admin.display(description="attempts with admission evidence")
+    def attempts_table(self, obj: EvaluationRun) -> SafeString | str:
+        if not obj.attempts:
+            return "—"
+
+        def row(attempt: dict[str, Any]) -> tuple[Any, ...]:
+            evidence = attempt.get("evidence") or {}
+            return (
+                attempt.get("decisionId"),
+                f"{attempt.get('adapterId')} #{attempt.get('number')}",
+                "yes" if attempt.get("sent") else "no",
+                attempt.get("outcome"),
+                attempt.get("reason"),
+                f"{evidence.get('decision', '—')} / {evidence.get('reason', '—')}",
+                evidence.get("queueDelayMs", "—"),
+                evidence.get("active", "—"),
+            )
+
+        rows = format_html_join(
+            "", "<tr>" + "<td>{}</td>" * 8 + "</tr>", (row(a) for a in obj.attempts)
+        )
+        return format_html(
+            "<table><thead><tr><th>decision</th><th>target</th><th>sent</th><th>outcome</th>"
+            "<th>reason</th><th>admission</th><th>queue delay ms</th><th>active</th></tr>"
+            "</thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Submit an evaluation as the signed-in operator, through the submit service."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            form = EvaluationSubmitForm(request.POST, user=request.user)
+            if form.is_valid():
+                try:
+                    run, _ = services.evaluation_run_submit(
+                        form.cleaned_data["workspace"], request.user, form.cleaned_data["document"]
+                    )
+                except services.BrokerUnavailable as error:
+                    form.add_error(None, str(error))
+                except services.RunServiceError as error:
+                    form.add_error("document", f"{error.field}: {error}" if error.field else error)
+                else:
+                    self.message_user(
+                        request,
+                        f"Submitted evaluation {run.pk}; a worker runs it.",
+                        messages.SUCCESS,
+                    )
+                    return HttpResponseRedirect(
+                        reverse("admin:evaluator_evaluationrun_change", args=[run.pk])
+                    )
+        else:
+            form = EvaluationSubmitForm(user=request.user)
+        return self._form_page(
+            request,
+            form,
+            "Submit an evaluation",
+            "Submit evaluation",
+            "You are the principal; limits come from the workspace's active profile.",
+        )
+
+    def _form_page(
+        self, request: HttpRequest, form: Any, title: str, submit_label: str, intro: str
+    ) -> TemplateResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "form": form,
+            "submit_label": submit_label,
+            "intro": intro,
+        }
+        return TemplateResponse(request, "admin/evaluator/run_form.html", context)
+
+
+@admin.register(LoadRun)
+class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
+    list_display = (
+        "manifest_name",
+        "target",
+        "workspace",
+        "status",
+        "passed",
+        "submitted_by",
+        "created_at",
+        "duration",
+    )
+    list_filter = ("status", "target", "passed")
+    list_select_related = ("workspace", "submitted_by")
+    readonly_fields = (
+        "id",
+        "workspace",
+        "manifest_name",
+        "target",
+        "status",
+        "passed",
+        "manifest_digest",
+        "submitted_by",
+        "deliveries",
+        "task_id",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "duration",
+        "error_pretty",
+        "comparisons",
+        "record_pretty",
+    )
+    fields = readonly_fields
+    actions = ("run_again",)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_staff and request.user.has_perm(services.LOAD_RUN_PERMISSION))
+
+    @admin.display(description="error")
+    def error_pretty(self, obj: LoadRun) -> SafeString:
+        return _pretty(obj.error)
+
+    @admin.display(description="decision-load-result/v1")
+    def record_pretty(self, obj: LoadRun) -> SafeString:
+        return _pretty(obj.record)
+
+    @admin.display(description="bounds")
+    def comparisons(self, obj: LoadRun) -> SafeString | str:
+        items = (obj.record or {}).get("comparisons") or []
+        if not items:
+            return "—"
+        rows = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (c["bound"], c["observed"], c["limit"], "pass" if c["pass"] else "FAIL")
+                for c in items
+            ),
+        )
+        return format_html(
+            "<table><thead><tr><th>bound</th><th>observed</th><th>limit</th><th></th></tr>"
+            "</thead><tbody>{}</tbody></table>",
+            rows,
+        )
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Start a load run: pick a preregistered manifest and a target; a worker runs it."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        if request.method == "POST":
+            form = LoadRunStartForm(request.POST)
+            if form.is_valid():
+                try:
+                    run = services.load_run_submit(
+                        form.cleaned_data["workspace"],
+                        request.user,
+                        form.cleaned_data["manifest"],
+                        form.cleaned_data["target"],
+                    )
+                except services.BrokerUnavailable as error:
+                    form.add_error(None, str(error))
+                except services.RunServiceError as error:
+                    form.add_error(error.field if error.field in form.fields else None, str(error))
+                else:
+                    self.message_user(request, f"Started {run}.", messages.SUCCESS)
+                    return HttpResponseRedirect(
+                        reverse("admin:evaluator_loadrun_change", args=[run.pk])
+                    )
+        else:
+            form = LoadRunStartForm()
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": "Start a load run",
+            "form": form,
+            "submit_label": "Start load run",
+            "intro": "The manifest's arrivals are released on virtual time; the record is "
+            "digest-bound and shown here when the worker finishes.",
+        }
+        return TemplateResponse(request, "admin/evaluator/run_form.html", context)
+
+    @admin.action(description="Run the selected manifests and targets again", permissions=["add"])
+    def run_again(self, request: HttpRequest, queryset: QuerySet[LoadRun]) -> None:
+        for previous in queryset:
+            try:
+                run = services.load_run_submit(
+                    previous.workspace, request.user, previous.manifest_name, previous.target
+                )
+            except services.RunServiceError as error:
+                self.message_user(request, f"{previous}: {error}", messages.ERROR)
+            else:
+                self.message_user(request, f"Started {run}.", messages.SUCCESS)
+
+
+@admin.register(Receipt)
+class ReceiptAdmin(RunAdminMixin, admin.ModelAdmin):
+    list_display = (
+        "invocation_id",
+        "workspace_id",
+        "state",
+        "revision",
+        "pending_dispatch",
+        "updated_at",
+    )
+    list_filter = ("state", "pending_dispatch")
+    search_fields = ("invocation_id",)
+    readonly_fields = (
+        "workspace_id",
+        "principal_id",
+        "invocation_id",
+        "schema",
+        "ruleset_id",
+        "ruleset_digest",
+        "state",
+        "revision",
+        "pending_dispatch",
+        "created_at",
+        "updated_at",
+        "document_pretty",
+    )
+    fields = readonly_fields
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.display(description="receipt v2")
+    def document_pretty(self, obj: Receipt) -> SafeString:
+        return _pretty(obj.document)

@@ -1,0 +1,247 @@
+"""Thin API views for evaluation and load runs: trusted identities from the request, never the body.
+
+The principal of an evaluation is the authenticated caller and its workspace the one in the URL,
+which the caller must belong to; writes go through `evaluator.services`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import django_filters
+from django.db.models import QuerySet
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import generics, status
+from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from admission import selectors as workspace_selectors
+from admission.api.serializers import ErrorSerializer
+from admission.models import Workspace
+from evaluator import selectors, services
+from evaluator.api.serializers import (
+    EvaluationRunSerializer,
+    EvaluationRunSummarySerializer,
+    EvaluationSubmitSerializer,
+    LoadRunSerializer,
+    LoadRunSubmitSerializer,
+)
+from evaluator.models import EvaluationRun, LoadRun
+
+WORKSPACE_KEY = OpenApiParameter(
+    "workspace_key", OpenApiTypes.STR, OpenApiParameter.PATH, description="The workspace's key."
+)
+RUN_ID = OpenApiParameter("run_id", OpenApiTypes.UUID, OpenApiParameter.PATH)
+NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such workspace or run visible to you.")
+INVALID = OpenApiResponse(ErrorSerializer, description="Invalid request; `fields` names the field.")
+BROKER_DOWN = OpenApiResponse(
+    ErrorSerializer,
+    description="`broker-unavailable`: the task broker refused the run; it is marked failed.",
+)
+LOAD_RUN_VIEW = "evaluator.view_loadrun"
+
+
+class BrokerUnavailableError(APIException):
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_code = "broker-unavailable"
+    default_detail = "The task broker is unavailable; the run was not queued. Try again."
+
+
+class RunPagination(CursorPagination):
+    ordering = ("-created_at", "-id")
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+
+class EvaluationRunFilter(django_filters.FilterSet):
+    status = django_filters.ChoiceFilter(
+        choices=EvaluationRun.Status.choices, help_text="Only runs in this state."
+    )
+
+    class Meta:
+        model = EvaluationRun
+        fields = ("status",)
+
+
+class MemberWorkspaceMixin:
+    """Resolves `workspace_key` among the caller's workspaces, else 404."""
+
+    request: Request
+    kwargs: dict[str, Any]
+    workspace_permission: str | None = None
+    _workspace: Workspace | None = None
+
+    def get_workspace(self) -> Workspace:
+        if self._workspace is None:
+            workspace = workspace_selectors.workspace_get_for_user(
+                user=self.request.user,
+                key=self.kwargs["workspace_key"],
+                permission=self.workspace_permission,
+            )
+            if workspace is None:
+                raise NotFound("No such workspace.")
+            self._workspace = workspace
+        return self._workspace
+
+
+class IsMember(BasePermission):
+    """Only members see or run evaluations in a workspace (404 otherwise)."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        view.get_workspace()
+        return True
+
+
+class CanRunLoad(BasePermission):
+    """Staff with `evaluator.view_loadrun` list load runs; starting one needs `add_loadrun`."""
+
+    message = "Load runs are for staff holding the evaluator load-run permissions."
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        user = request.user
+        needed = services.LOAD_RUN_PERMISSION if request.method == "POST" else LOAD_RUN_VIEW
+        if not (user.is_staff and user.has_perm(needed)):
+            return False
+        view.get_workspace()
+        return True
+
+
+def _invalid(error: services.RunServiceError) -> ValidationError:
+    return ValidationError({error.field or "non_field_errors": [str(error)]})
+
+
+@extend_schema(tags=["evaluations"], parameters=[WORKSPACE_KEY])
+class EvaluationRunListView(MemberWorkspaceMixin, generics.ListAPIView):
+    """The workspace's evaluation runs, newest first; POST submits one for the caller."""
+
+    serializer_class = EvaluationRunSummarySerializer
+    permission_classes = [IsAuthenticated, IsMember]
+    pagination_class = RunPagination
+    filterset_class = EvaluationRunFilter
+
+    def get_queryset(self) -> QuerySet[EvaluationRun]:
+        if getattr(self, "swagger_fake_view", False):
+            return EvaluationRun.objects.none()
+        return selectors.evaluation_run_list(workspace=self.get_workspace())
+
+    @extend_schema(responses={200: EvaluationRunSummarySerializer(many=True), 404: NOT_FOUND})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        request=EvaluationSubmitSerializer,
+        responses={
+            201: EvaluationRunSerializer,
+            200: OpenApiResponse(
+                EvaluationRunSerializer, description="The same invocationId was submitted before."
+            ),
+            400: INVALID,
+            404: NOT_FOUND,
+            503: BROKER_DOWN,
+        },
+    )
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            run, created = services.evaluation_run_submit(
+                self.get_workspace(), request.user, request.data
+            )
+        except services.BrokerUnavailable as error:
+            raise BrokerUnavailableError(str(error)) from error
+        except services.RunServiceError as error:
+            raise _invalid(error) from error
+        code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        return Response(EvaluationRunSerializer(run).data, status=code)
+
+
+@extend_schema(
+    tags=["evaluations"],
+    parameters=[WORKSPACE_KEY, RUN_ID],
+    responses={200: EvaluationRunSerializer, 404: NOT_FOUND},
+)
+class EvaluationRunDetailView(MemberWorkspaceMixin, generics.GenericAPIView):
+    """One evaluation run: its status and, once finished, its result and attempts."""
+
+    serializer_class = EvaluationRunSerializer
+    permission_classes = [IsAuthenticated, IsMember]
+    filter_backends: list[Any] = []
+
+    def get(self, request: Request, workspace_key: str, run_id: str) -> Response:
+        run = selectors.evaluation_run_get(workspace=self.get_workspace(), run_id=run_id)
+        if run is None:
+            raise NotFound("No such evaluation run.")
+        return Response(self.get_serializer(run).data)
+
+
+@extend_schema(tags=["load runs"], parameters=[WORKSPACE_KEY])
+class LoadRunListView(MemberWorkspaceMixin, generics.ListAPIView):
+    """Load harness runs of the workspace (staff only); POST starts one."""
+
+    serializer_class = LoadRunSerializer
+    permission_classes = [IsAuthenticated, CanRunLoad]
+    pagination_class = RunPagination
+    filter_backends: list[Any] = []
+    workspace_permission = LOAD_RUN_VIEW
+
+    def get_queryset(self) -> QuerySet[LoadRun]:
+        if getattr(self, "swagger_fake_view", False):
+            return LoadRun.objects.none()
+        return selectors.load_run_list(workspace=self.get_workspace())
+
+    @extend_schema(
+        responses={200: LoadRunSerializer(many=True), 403: ErrorSerializer, 404: NOT_FOUND}
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        request=LoadRunSubmitSerializer,
+        responses={
+            201: LoadRunSerializer,
+            400: INVALID,
+            403: ErrorSerializer,
+            404: NOT_FOUND,
+            503: BROKER_DOWN,
+        },
+    )
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        payload = LoadRunSubmitSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        try:
+            run = services.load_run_submit(
+                self.get_workspace(),
+                request.user,
+                payload.validated_data["manifest"],
+                payload.validated_data["target"],
+            )
+        except services.BrokerUnavailable as error:
+            raise BrokerUnavailableError(str(error)) from error
+        except services.LoadRunNotAllowed as error:
+            raise PermissionDenied(str(error)) from error
+        except services.RunServiceError as error:
+            raise _invalid(error) from error
+        return Response(LoadRunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+@extend_schema(
+    tags=["load runs"],
+    parameters=[WORKSPACE_KEY, RUN_ID],
+    responses={200: LoadRunSerializer, 403: ErrorSerializer, 404: NOT_FOUND},
+)
+class LoadRunDetailView(MemberWorkspaceMixin, generics.GenericAPIView):
+    """One load run with its decision-load-result/v1 record once it finished."""
+
+    serializer_class = LoadRunSerializer
+    permission_classes = [IsAuthenticated, CanRunLoad]
+    filter_backends: list[Any] = []
+    workspace_permission = LOAD_RUN_VIEW
+
+    def get(self, request: Request, workspace_key: str, run_id: str) -> Response:
+        run = selectors.load_run_get(workspace=self.get_workspace(), run_id=run_id)
+        if run is None:
+            raise NotFound("No such load run.")
+        return Response(self.get_serializer(run).data)

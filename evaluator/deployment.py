@@ -1,0 +1,71 @@
+"""The adapters this deployment offers to evaluations, read from `SLUICE_ADAPTERS`.
+
+`SLUICE_ADAPTERS` (a setting, else an environment variable) is a JSON object mapping adapter id
+to `{"kind": "fake", "latencyMs": 20, "error": null}` or `{"kind": "openai-chat", "baseUrl":
+"https://...", "apiKeyEnv": "NAME"}`. The adapter id is also the admission provider id, so it
+must match a provider of the workspace's profile. The default is one fake adapter, `fake`, so
+the embedded demo needs no provider.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from django.conf import settings
+
+from evaluator.adapters import Adapter, FakeAdapter, FakeStep, OpenAIChatAdapter
+
+__all__ = ["DEFAULT_ADAPTERS", "AdapterConfigError", "adapter_ids", "build_adapters"]
+
+DEFAULT_ADAPTERS: Mapping[str, Mapping[str, Any]] = {"fake": {"kind": "fake", "latencyMs": 20}}
+
+
+class AdapterConfigError(ValueError):
+    """`SLUICE_ADAPTERS` cannot be used; names what is wrong."""
+
+
+def _config() -> Mapping[str, Mapping[str, Any]]:
+    configured = getattr(settings, "SLUICE_ADAPTERS", None)
+    if configured is None:
+        raw = os.environ.get("SLUICE_ADAPTERS", "")
+        if not raw:
+            return DEFAULT_ADAPTERS
+        try:
+            configured = json.loads(raw)
+        except ValueError as error:
+            raise AdapterConfigError(f"SLUICE_ADAPTERS is not JSON: {error}") from None
+    if not isinstance(configured, Mapping) or not all(
+        isinstance(key, str) and isinstance(value, Mapping) for key, value in configured.items()
+    ):
+        raise AdapterConfigError("SLUICE_ADAPTERS must map adapter ids to objects")
+    return configured
+
+
+def adapter_ids() -> frozenset[str]:
+    """The ids an evaluation may name."""
+    return frozenset(_config())
+
+
+def build_adapters() -> dict[str, Adapter]:
+    """Fresh adapters for one run (a fake adapter keeps a call log that must not grow forever)."""
+    return {key: _build(key, spec) for key, spec in _config().items()}
+
+
+def _build(key: str, spec: Mapping[str, Any]) -> Adapter:
+    kind = spec.get("kind")
+    if kind == "fake":
+        step = FakeStep(
+            latency_ms=float(spec.get("latencyMs", 0)),
+            error=spec.get("error"),
+            tokens=spec.get("tokens"),
+        )
+        return FakeAdapter(default=step, idempotent=bool(spec.get("idempotent", False)))
+    if kind == "openai-chat":
+        base_url = spec.get("baseUrl")
+        if not isinstance(base_url, str) or not base_url:
+            raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.baseUrl is required")
+        return OpenAIChatAdapter(base_url=base_url, api_key_env=spec.get("apiKeyEnv"))
+    raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.kind must be 'fake' or 'openai-chat'")

@@ -1,0 +1,87 @@
+"""Admin forms: submit an evaluation as yourself, start a load run."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import forms
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+from admission.models import Workspace
+from evaluator import services
+from evaluator.harness.service import LOAD_TARGETS
+
+MONOSPACE = (
+    "font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; "
+    "font-size: 13px; width: 100%; max-width: 60em;"
+)
+
+
+def example_request(decisions: int = 10, *, adapter: str = "fake") -> dict[str, Any]:
+    """A small request document: `decisions` yes/no questions answered by `adapter`."""
+    return {
+        "ruleset": {
+            "id": "demo-screening",
+            "decisions": [
+                {
+                    "id": f"check-{index + 1}",
+                    "prompt": f"Question {index + 1}: is ${{text}} acceptable?",
+                    "allowedOutputs": ["yes", "no"],
+                    "binding": {
+                        "primary": {"adapter": adapter, "model": "demo-model", "timeoutMs": 10000}
+                    },
+                }
+                for index in range(decisions)
+            ],
+        },
+        "input": {"text": "a refund of 20 EUR"},
+    }
+
+
+class EvaluationSubmitForm(forms.Form):
+    """A workspace the operator belongs to and a request document; the operator is the principal."""
+
+    workspace = forms.ModelChoiceField(queryset=Workspace.objects.none())
+    document = forms.CharField(
+        label="Request document (JSON)",
+        widget=forms.Textarea(attrs={"rows": 22, "spellcheck": "false", "style": MONOSPACE}),
+        help_text="ruleset, input and optional scheduler options; you are the principal.",
+    )
+
+    def __init__(self, *args: Any, user: AbstractBaseUser | AnonymousUser, **kwargs: Any) -> None:
+        kwargs.setdefault("initial", {}).setdefault(
+            "document", json.dumps(example_request(3), indent=2)
+        )
+        super().__init__(*args, **kwargs)
+        members = Workspace.objects.filter(members__pk=user.pk).order_by("key")
+        self.fields["workspace"].queryset = members  # type: ignore[attr-defined]
+        if members.count() == 1 and "workspace" not in self.initial:
+            self.initial["workspace"] = members.first()
+
+    def clean_document(self) -> Any:
+        try:
+            document = json.loads(self.cleaned_data["document"])
+        except json.JSONDecodeError as error:
+            raise forms.ValidationError(
+                f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+            ) from error
+        if not isinstance(document, dict):
+            raise forms.ValidationError("the request document must be a JSON object")
+        return document
+
+
+class LoadRunStartForm(forms.Form):
+    """Which preregistered manifest to release into which target, recorded under a workspace."""
+
+    workspace = forms.ModelChoiceField(queryset=Workspace.objects.order_by("key"))
+    manifest = forms.ChoiceField(choices=())
+    target = forms.ChoiceField(choices=())
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        names = services.load_manifest_names()
+        self.fields["manifest"].choices = [(name, name) for name in names]  # type: ignore[attr-defined]
+        self.fields["target"].choices = [(name, name) for name in sorted(LOAD_TARGETS)]  # type: ignore[attr-defined]
+        if "load-manifest.v2.json" in names:
+            self.initial.setdefault("manifest", "load-manifest.v2.json")

@@ -1,0 +1,48 @@
+"""The read path of evaluation and load runs, for the API and the admin."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db.models import QuerySet
+
+from admission.models import Workspace
+from evaluator.models import EvaluationRun, LoadRun
+
+
+def evaluation_run_list(
+    *, workspace: Workspace, status: str | None = None
+) -> QuerySet[EvaluationRun]:
+    """A workspace's evaluation runs, newest first."""
+    runs = EvaluationRun.objects.filter(workspace=workspace).select_related(
+        "workspace", "submitted_by"
+    )
+    if status:
+        runs = runs.filter(status=status)
+    return runs.order_by("-created_at", "-id")
+
+
+def evaluation_run_get(*, workspace: Workspace, run_id: str) -> EvaluationRun | None:
+    """One run of the workspace by id, or None (also for a malformed id)."""
+    try:
+        key = uuid.UUID(str(run_id))
+    except ValueError:
+        return None
+    return evaluation_run_list(workspace=workspace).filter(pk=key).first()
+
+
+def load_run_list(*, workspace: Workspace) -> QuerySet[LoadRun]:
+    """A workspace's load runs, newest first."""
+    return (
+        LoadRun.objects.filter(workspace=workspace)
+        .select_related("workspace", "submitted_by")
+        .order_by("-created_at", "-id")
+    )
+
+
+def load_run_get(*, workspace: Workspace, run_id: str) -> LoadRun | None:
+    try:
+        key = uuid.UUID(str(run_id))
+    except ValueError:
+        return None
+    return load_run_list(workspace=workspace).filter(pk=key).first()

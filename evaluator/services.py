@@ -1,0 +1,414 @@
+"""The write path of evaluation and load runs: submit (row + enqueue after commit) and execute.
+
+Submitting validates everything a request can get wrong before a row exists, writes the row and
+publishes the task when the transaction commits. If the broker refuses the message, the run is
+marked `failed` with error type `broker-unavailable` (it never stays `queued` with no message
+behind it) and `BrokerUnavailable` is raised; submitting the same `invocationId` again re-queues
+that run. Executing is idempotent: a finished run is left alone, and a redelivered evaluation
+resumes from its database receipt, so no receipt-backed attempt is dispatched twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, close_old_connections, transaction
+from django.db.models import Model
+from django.utils import timezone
+
+from admission import refresh, runtime, selectors
+from admission.core import AdmissionRegistry
+from admission.models import Workspace
+from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
+from evaluator.errors import InvalidDefinitionError, ReceiptConflictError
+from evaluator.harness.errors import LoadHarnessError
+from evaluator.harness.manifests import REGISTERED_MANIFESTS
+from evaluator.harness.service import LOAD_TARGETS, run_load
+from evaluator.invocation import DecisionEvaluationRequest
+from evaluator.models import EvaluationRun, LoadRun
+from evaluator.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
+from evaluator.receipts_db import DatabaseReceiptStore
+from evaluator.scheduler import evaluate_decision_ruleset
+from evaluator.worker import evaluation_loop
+
+__all__ = [
+    "BrokerUnavailable",
+    "InvalidRunRequest",
+    "LoadRunNotAllowed",
+    "RunServiceError",
+    "evaluation_run_execute",
+    "evaluation_run_submit",
+    "load_manifest_names",
+    "load_run_execute",
+    "load_run_submit",
+]
+
+logger = logging.getLogger(__name__)
+
+BROKER_UNAVAILABLE = "broker-unavailable"
+LOAD_RUN_PERMISSION = "evaluator.add_loadrun"
+# A dead broker answers within about a second instead of the default retry schedule.
+PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.25,
+    "interval_max": 0.5,
+}
+
+RunT = TypeVar("RunT", EvaluationRun, LoadRun)
+
+
+class RunServiceError(Exception):
+    """A run could not be submitted; `field` names the input at fault when there is one."""
+
+    type = "invalid"
+    field: str | None = None
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        if field is not None:
+            self.field = field
+
+
+class InvalidRunRequest(RunServiceError):
+    """The request document, manifest or target cannot run; nothing was written."""
+
+
+class LoadRunNotAllowed(RunServiceError):
+    """Only staff holding `evaluator.add_loadrun` start load runs."""
+
+    type = "permission_denied"
+
+
+class BrokerUnavailable(RunServiceError):
+    """The broker did not take the task; the run row says `failed` / `broker-unavailable`."""
+
+    type = BROKER_UNAVAILABLE
+
+    def __init__(self, message: str, *, run: EvaluationRun | LoadRun) -> None:
+        super().__init__(message)
+        self.run = run
+
+
+# ------------------------------------------------------------------------ evaluation runs
+
+
+def evaluation_run_submit(
+    workspace: Workspace, principal_user: AbstractBaseUser, document: Any
+) -> tuple[EvaluationRun, bool]:
+    """Validate `document` for the trusted caller and workspace, store the run, enqueue it.
+
+    `principal_user` is the authenticated caller and must be a member of `workspace`; its
+    username is the admission principal id. Returns `(run, created)`: a document that repeats
+    an earlier `invocationId` with the same content returns that run (re-queued if the broker
+    had refused it). Raises `InvalidRunRequest` (with `field`) or `BrokerUnavailable`.
+    """
+    if not workspace.members.filter(pk=principal_user.pk).exists():
+        raise InvalidRunRequest("the caller is not a member of this workspace", field="workspace")
+    principal_id = principal_user.get_username()
+    request = _parse_request(document, principal_id=principal_id, workspace=workspace)
+    run_id = uuid.uuid4()
+    invocation_id = document.get("invocationId") or run_id.hex
+    existing = EvaluationRun.objects.filter(workspace=workspace, invocation_id=invocation_id)
+    if (run := existing.first()) is not None:
+        return _resubmit(run, principal_id, document), False
+    try:
+        with transaction.atomic():
+            run = EvaluationRun.objects.create(
+                id=run_id,
+                workspace=workspace,
+                submitted_by=principal_user,
+                principal_id=principal_id,
+                invocation_id=invocation_id,
+                document=document,
+                ruleset_id=request.ruleset.id,
+                ruleset_digest=request.ruleset.digest,
+                decision_count=len(request.ruleset.decisions),
+                task_id=str(uuid.uuid4()),
+            )
+            _enqueue_on_commit(run)
+    except IntegrityError:
+        # A concurrent submission took the invocation id between the lookup and the insert.
+        run = existing.first()
+        if run is None:
+            raise
+        return _resubmit(run, principal_id, document), False
+    return run, True
+
+
+def _parse_request(
+    document: Any, *, principal_id: str, workspace: Workspace
+) -> DecisionEvaluationRequest:
+    if isinstance(document, Mapping):
+        scheduler = document.get("scheduler")
+        if isinstance(scheduler, Mapping) and scheduler.get("profile") is not None:
+            raise InvalidRunRequest(
+                "limits come from the workspace's approved profile versions, not from a request",
+                field="scheduler.profile",
+            )
+    try:
+        request = DecisionEvaluationRequest.from_dict(
+            document, principal_id=principal_id, workspace_id=workspace.key
+        )
+    except InvalidDefinitionError as error:
+        field = error.field
+        if field == "principal.id":
+            field = "principal"
+        raise InvalidRunRequest(error.problem, field=field or "non_field_errors") from None
+    try:
+        known = adapter_ids()
+    except AdapterConfigError as error:
+        raise InvalidRunRequest(str(error), field="ruleset") from None
+    for index, decision in enumerate(request.ruleset.decisions):
+        for position, target in enumerate(decision.binding.targets):
+            if target.adapter not in known:
+                where = "primary" if position == 0 else f"fallbacks[{position - 1}]"
+                raise InvalidRunRequest(
+                    f"names no adapter of this deployment (known: {', '.join(sorted(known))})",
+                    field=f"ruleset.decisions[{index}].binding.{where}.adapter",
+                )
+    if selectors.workspace_current_version(workspace=workspace) is None:
+        raise InvalidRunRequest(
+            "the workspace has no active admission profile; activate one first",
+            field="scheduler.profile",
+        )
+    return request
+
+
+def _resubmit(run: EvaluationRun, principal_id: str, document: Any) -> EvaluationRun:
+    if run.principal_id != principal_id or run.document != document:
+        raise InvalidRunRequest(
+            "already names another evaluation in this workspace", field="invocationId"
+        )
+    refused = run.status == EvaluationRun.Status.FAILED and _error_type(run) == BROKER_UNAVAILABLE
+    if not refused:
+        return run
+    with transaction.atomic():
+        updated = EvaluationRun.objects.filter(
+            pk=run.pk, status=EvaluationRun.Status.FAILED
+        ).update(
+            status=EvaluationRun.Status.QUEUED,
+            error=None,
+            finished_at=None,
+            task_id=str(uuid.uuid4()),
+            updated_at=timezone.now(),
+        )
+        run.refresh_from_db()
+        if updated:
+            _enqueue_on_commit(run)
+    return run
+
+
+def _error_type(run: EvaluationRun | LoadRun) -> str | None:
+    return run.error.get("type") if isinstance(run.error, dict) else None
+
+
+def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
+    """Run (or resume) an evaluation in this worker process; a finished run is left alone.
+
+    Returns the run, or None when no such run exists (a message for a rolled-back submission).
+    """
+    run = _claim(EvaluationRun, run_id)
+    if run is None or run.finished:
+        return run
+    loop = evaluation_loop()
+    refresh.start_listener(loop.frozen)
+    # The safety net under the listener: one query, then only stale workspaces are replayed.
+    refresh.catch_up(loop.frozen, source="task-start")
+    try:
+        request = DecisionEvaluationRequest.from_dict(
+            {**run.document, "invocationId": run.invocation_id},
+            principal_id=run.principal_id,
+            workspace_id=run.workspace.key,
+        )
+        adapters = build_adapters()
+    except InvalidDefinitionError as error:
+        return _fail(run, "invalid-definition", error.problem, field=error.field)
+    except AdapterConfigError as error:
+        return _fail(run, "configuration", str(error))
+    registry = runtime.get_registry()
+    try:
+        outcome = loop.run(_evaluate(request, registry, adapters))
+    except InvalidDefinitionError as error:
+        return _fail(run, "invalid-definition", error.problem, field=error.field)
+    except ReceiptConflictError as conflict:
+        # Another delivery of this run holds the receipt; it writes the result, not us.
+        logger.warning("evaluation run %s: %s", run.pk, conflict)
+        return run
+    return _complete(run, outcome)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    result: EvaluationResult
+    profile_version: str | None
+
+
+async def _evaluate(
+    request: DecisionEvaluationRequest,
+    registry: AdmissionRegistry,
+    adapters: dict[str, Any],
+) -> _Outcome:
+    store = DatabaseReceiptStore()
+    # The store's thread keeps its connection between runs; drop it if the server went away.
+    await sync_to_async(close_old_connections, thread_sensitive=True)()
+    profile = registry.current_profile(request.workspace_id)
+    try:
+        result = await evaluate_decision_ruleset(
+            request, registry=registry, adapters=adapters, receipt_store=store
+        )
+    finally:
+        for adapter in adapters.values():
+            close = getattr(adapter, "aclose", None)
+            if close is not None:
+                await close()
+    return _Outcome(result, profile.profile_version if profile is not None else None)
+
+
+def _complete(run: EvaluationRun, outcome: _Outcome) -> EvaluationRun:
+    result = outcome.result
+    status = result.status
+    if status == "completed" and any(d.status == EXECUTION_UNCERTAIN for d in result.decisions):
+        status = EvaluationRun.Status.EXECUTION_UNCERTAIN
+    document = result.to_dict()
+    attempts = []
+    for decision in document["decisions"]:
+        for attempt in decision.pop("attempts"):
+            attempts.append({"decisionId": decision["decisionId"], **attempt})
+    document["succeeded"] = result.succeeded
+    return _finish(
+        run,
+        status=status,
+        result=document,
+        attempts=attempts,
+        profile_version=outcome.profile_version,
+    )
+
+
+# ------------------------------------------------------------------------------ load runs
+
+
+def load_manifest_names() -> list[str]:
+    """File names of the preregistered manifests under `manifests/`."""
+    return sorted(entry.file_name for entry in REGISTERED_MANIFESTS.values())
+
+
+def load_run_submit(
+    workspace: Workspace, principal_user: AbstractBaseUser, manifest_name: str, target: str
+) -> LoadRun:
+    """Store a load run of a preregistered manifest against a harness target and enqueue it.
+
+    Raises `LoadRunNotAllowed`, `InvalidRunRequest` (field `manifest` or `target`) or
+    `BrokerUnavailable`.
+    """
+    if not (principal_user.is_staff and principal_user.has_perm(LOAD_RUN_PERMISSION)):
+        raise LoadRunNotAllowed("only staff with evaluator.add_loadrun start load runs")
+    if manifest_name not in load_manifest_names():
+        raise InvalidRunRequest(
+            f"must be one of {', '.join(load_manifest_names())}", field="manifest"
+        )
+    if target not in LOAD_TARGETS:
+        raise InvalidRunRequest(f"must be one of {', '.join(sorted(LOAD_TARGETS))}", field="target")
+    with transaction.atomic():
+        run = LoadRun.objects.create(
+            workspace=workspace,
+            submitted_by=principal_user,
+            manifest_name=manifest_name,
+            target=target,
+            task_id=str(uuid.uuid4()),
+        )
+        _enqueue_on_commit(run)
+    return run
+
+
+def load_run_execute(run_id: str | uuid.UUID) -> LoadRun | None:
+    """Run the harness for a load run and keep its `decision-load-result/v1` record."""
+    run = _claim(LoadRun, run_id)
+    if run is None or run.finished:
+        return run
+    path = Path(settings.BASE_DIR) / "manifests" / run.manifest_name
+    try:
+        record = run_load(path, run.target)
+    except FileNotFoundError:
+        return _fail(run, "manifest-missing", f"{run.manifest_name} is not under manifests/")
+    except LoadHarnessError as error:
+        return _fail(run, "load-harness", str(error))
+    return _finish(
+        run,
+        status=LoadRun.Status.COMPLETED,
+        record=record,
+        passed=bool(record.get("passed")),
+        manifest_digest=record.get("manifest", {}).get("digest", ""),
+    )
+
+
+# --------------------------------------------------------------------------------- shared
+
+
+def _enqueue_on_commit(run: EvaluationRun | LoadRun) -> None:
+    transaction.on_commit(lambda: _publish(run))
+
+
+def _publish(run: EvaluationRun | LoadRun) -> None:
+    from evaluator import tasks
+
+    task = tasks.run_evaluation if isinstance(run, EvaluationRun) else tasks.run_load_manifest
+    try:
+        task.apply_async(
+            args=[str(run.pk)],
+            task_id=run.task_id,
+            retry=True,
+            retry_policy=PUBLISH_RETRY_POLICY,
+        )
+    except Exception as error:
+        # Whatever the transport raised, the message is not on the broker: say so on the row.
+        logger.warning("could not enqueue %s: %s: %s", run, type(error).__name__, error)
+        _fail(run, BROKER_UNAVAILABLE, "the task broker did not accept the run; submit again")
+        raise BrokerUnavailable(
+            f"the task broker is unavailable ({type(error).__name__}); the run was not queued",
+            run=run,
+        ) from error
+
+
+def _claim(model: type[RunT], run_id: str | uuid.UUID) -> RunT | None:
+    with transaction.atomic():
+        run = model.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.finished:
+            return run
+        run.status = model.Status.RUNNING
+        run.deliveries += 1
+        if run.started_at is None:
+            run.started_at = timezone.now()
+        run.save(update_fields=["status", "deliveries", "started_at", "updated_at"])
+    if run.deliveries > 1:
+        logger.warning("%s delivered again (delivery %d); resuming", run, run.deliveries)
+    return run
+
+
+def _fail(run: RunT, error_type: str, detail: str, *, field: str | None = None) -> RunT:
+    error: dict[str, Any] = {"type": error_type, "detail": detail}
+    if field:
+        error["field"] = field
+    return _finish(run, status="failed", error=error)
+
+
+def _finish(run: RunT, *, status: str, **values: Any) -> RunT:
+    model: type[Model] = type(run)
+    with transaction.atomic():
+        locked = model.objects.select_for_update().get(pk=run.pk)  # type: ignore[attr-defined]
+        if locked.finished:
+            return locked
+        locked.status = status
+        locked.finished_at = timezone.now()
+        for name, value in values.items():
+            setattr(locked, name, value)
+        locked.save()
+    return locked
