@@ -123,11 +123,27 @@ class RollbackRequestError(ProfileServiceError):
 def profile_document_check(workspace: Workspace, document: Any) -> Profile:
     """Parse `document` with the core for `workspace`; raises `InvalidProfileError`."""
     profile = Profile.from_dict(document, workspace_id=workspace.key)
+    _refuse_nul(document, "")
     if len(profile.profile_version) > LABEL_MAX_LENGTH:
         raise InvalidProfileError(
             "profileVersion", f"must be at most {LABEL_MAX_LENGTH} characters here"
         )
     return profile
+
+
+def _refuse_nul(value: Any, path: str) -> None:
+    # PostgreSQL's jsonb cannot hold U+0000; refuse it on every database alike.
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidProfileError(path or "profile", "contains a NUL character")
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            _refuse_nul(key, where)
+            _refuse_nul(item, where)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _refuse_nul(item, f"{path}[{index}]")
 
 
 def profile_version_propose(

@@ -132,6 +132,21 @@ def test_CNC_ADMIT_AUDIT_a_stale_process_catches_up_before_it_activates(
     ]
 
 
+def test_refresh_workspace_applies_what_another_process_activated(workspace, approver, approved):
+    v1, v2 = approved("v1"), approved("v2", concurrency=2)
+    services.profile_version_activate(version=v1, actor=approver)
+    with _another_process():
+        services.profile_version_activate(version=v2, actor=approver)
+    registry = runtime.get_registry()
+    assert registry.current_profile("acme").profile_version == "v1"
+
+    runtime.refresh_workspace("acme")  # what a pg_notify listener calls
+    runtime.refresh_workspace("acme")  # and again: nothing new, nothing changes
+
+    assert [r.profile_version for r in registry.profile_history("acme")] == ["v1", "v2"]
+    assert registry.current_profile("acme").profile_version == "v2"
+
+
 def test_get_registry_is_built_lazily_once_per_process(workspace, approver, approved):
     services.profile_version_activate(version=approved("v1"), actor=approver)
     runtime.reset_registry()
@@ -180,6 +195,18 @@ def test_overlong_label_is_an_invalid_profile(workspace, proposer, make_document
             workspace=workspace, document=make_document("v" * 200), proposed_by=proposer
         )
     assert caught.value.field == "profileVersion"
+
+
+def test_nul_characters_are_refused_before_the_database_sees_them(
+    workspace, proposer, make_document
+):
+    document = make_document("v1")
+    document["principals"][0]["class"] = "quiet\x00"
+    with pytest.raises(InvalidProfileError) as caught:
+        services.profile_version_propose(
+            workspace=workspace, document=document, proposed_by=proposer
+        )
+    assert caught.value.field == "principals[0].class"
 
 
 def test_proposer_cannot_approve_own_version(workspace, proposer, make_document):
