@@ -55,7 +55,7 @@ def database_from_url(url: str, base_dir: Path) -> dict[str, object]:
         if path in {"", "/"}:
             raise SettingsError("DATABASE_URL sqlite:/// needs a file path")
         # sqlite:///relative.db -> relative to the project, sqlite:////abs.db -> absolute
-        name = path[1:] if path.startswith("/") and not path.startswith("//") else path[1:]
+        name = path[1:]
         resolved = Path(name) if Path(name).is_absolute() else base_dir / name
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(resolved)}
     raise SettingsError(f"DATABASE_URL scheme {scheme!r} is not supported (postgres or sqlite)")

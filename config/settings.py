@@ -109,7 +109,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
 }
 
-# Celery: an embedded filesystem broker by default, Redis or RabbitMQ when CELERY_BROKER_URL says so.
+# Celery: an embedded filesystem broker by default; Redis or RabbitMQ from CELERY_BROKER_URL.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
 CELERY_BROKER_DIR = VAR_DIR / "broker"
 if CELERY_BROKER_URL.startswith("filesystem://"):
