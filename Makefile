@@ -32,6 +32,13 @@ typecheck: install
 
 bench: install
 	$(BIN)/python benchmarks/admission.py
+	$(BIN)/python benchmarks/evaluator.py
+	$(BIN)/python benchmarks/load_harness.py
+	$(BIN)/python benchmarks/history_api.py
+
+evidence: migrate
+	$(BIN)/python manage.py run_load_harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence
+	$(BIN)/python manage.py run_load_harness --manifest manifests/load-manifest.v2.json --target evaluator --write-evidence
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis
