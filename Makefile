@@ -36,7 +36,7 @@ bench: install
 	$(BIN)/python benchmarks/load_harness.py
 	$(BIN)/python benchmarks/history_api.py
 
-evidence: migrate
+evidence: install
 	$(BIN)/python manage.py run_load_harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence
 	$(BIN)/python manage.py run_load_harness --manifest manifests/load-manifest.v2.json --target evaluator --write-evidence
 
