@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -58,3 +58,19 @@ def _stop_listener(**_: Any) -> None:
     from admission import refresh
 
     refresh.stop_listener()
+
+
+@worker_ready.connect
+def _requeue_orphaned_runs(**_: Any) -> None:
+    # Redis and RabbitMQ redeliver an unacknowledged message themselves; the filesystem broker
+    # does not, so runs its dead worker held are queued again here.
+    if not str(app.conf.broker_url).startswith("filesystem://"):
+        return
+    from django.db import connections
+
+    from evaluator import services
+
+    try:
+        services.runs_requeue_orphaned()
+    finally:
+        connections.close_all()

@@ -1,22 +1,30 @@
 """The adapters this deployment offers to evaluations, read from `SLUICE_ADAPTERS`.
 
 `SLUICE_ADAPTERS` (a setting, else an environment variable) is a JSON object mapping adapter id
-to `{"kind": "fake", "latencyMs": 20, "error": null}` or `{"kind": "openai-chat", "baseUrl":
-"https://...", "apiKeyEnv": "NAME"}`. The adapter id is also the admission provider id, so it
-must match a provider of the workspace's profile. The default is one fake adapter, `fake`, so
-the embedded demo needs no provider.
+to `{"kind": "fake", "latencyMs": 20, "error": null, "callLog": null}` or
+`{"kind": "openai-chat", "baseUrl": "https://...", "apiKeyEnv": "NAME"}`. The adapter id is also
+the admission provider id, so it must match a provider of the workspace's profile. The default
+is one fake adapter, `fake`, so the embedded demo needs no provider.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 
-from evaluator.adapters import Adapter, FakeAdapter, FakeStep, OpenAIChatAdapter
+from evaluator.adapters import (
+    Adapter,
+    AdapterCall,
+    AdapterResponse,
+    FakeAdapter,
+    FakeStep,
+    OpenAIChatAdapter,
+)
 
 __all__ = ["DEFAULT_ADAPTERS", "AdapterConfigError", "adapter_ids", "build_adapters"]
 
@@ -62,10 +70,33 @@ def _build(key: str, spec: Mapping[str, Any]) -> Adapter:
             error=spec.get("error"),
             tokens=spec.get("tokens"),
         )
-        return FakeAdapter(default=step, idempotent=bool(spec.get("idempotent", False)))
+        idempotent = bool(spec.get("idempotent", False))
+        if spec.get("callLog"):
+            return LoggedFakeAdapter(str(spec["callLog"]), default=step, idempotent=idempotent)
+        return FakeAdapter(default=step, idempotent=idempotent)
     if kind == "openai-chat":
         base_url = spec.get("baseUrl")
         if not isinstance(base_url, str) or not base_url:
             raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.baseUrl is required")
         return OpenAIChatAdapter(base_url=base_url, api_key_env=spec.get("apiKeyEnv"))
     raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.kind must be 'fake' or 'openai-chat'")
+
+
+class LoggedFakeAdapter(FakeAdapter):
+    """A fake adapter that appends one JSON line per call to `callLog` before answering, so a
+    test can count dispatches across worker processes, killed ones included."""
+
+    def __init__(self, path: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._path = path
+
+    async def invoke(self, call: AdapterCall) -> AdapterResponse:
+        line = {
+            "pid": os.getpid(),
+            "decisionId": call.decision_id,
+            "attempt": call.attempt,
+            "atEpochMs": time.time() * 1000.0,
+        }
+        with open(self._path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(line) + "\n")
+        return await super().invoke(call)

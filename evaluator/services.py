@@ -49,6 +49,7 @@ __all__ = [
     "load_manifest_names",
     "load_run_execute",
     "load_run_submit",
+    "runs_requeue_orphaned",
 ]
 
 logger = logging.getLogger(__name__)
@@ -348,6 +349,25 @@ def load_run_execute(run_id: str | uuid.UUID) -> LoadRun | None:
         passed=bool(record.get("passed")),
         manifest_digest=record.get("manifest", {}).get("digest", ""),
     )
+
+
+def runs_requeue_orphaned() -> int:
+    """Publish again every run left `running`; returns how many.
+
+    For the embedded (filesystem) broker only: it forgets a message once a worker took it, so
+    a worker killed outright leaves its run `running` with nothing on the broker. A worker
+    starting there calls this; it assumes it is the only worker (as `make run` starts it).
+    """
+    count = 0
+    for model in (EvaluationRun, LoadRun):
+        for run in model.objects.filter(status=model.Status.RUNNING):
+            logger.warning("%s was left running by a worker that died; queueing it again", run)
+            try:
+                _publish(run)
+            except BrokerUnavailable:
+                continue
+            count += 1
+    return count
 
 
 # --------------------------------------------------------------------------------- shared
