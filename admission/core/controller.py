@@ -36,9 +36,6 @@ MAX_RETRY_HINT_MS = 30_000
 DEFAULT_RETRY_BASE_MS = 1_000.0
 TRANSITION_HISTORY = 256
 
-_INT_FIELDS = ("tokens", "request_bytes", "items", "attempts", "batch_size", "retained_work")
-
-
 def _valid_count(value: Any) -> bool:
     if type(value) is int:
         return value >= 0
@@ -100,21 +97,22 @@ class _Ticket:
         self.expire_ms = math.inf
         self.expire_reason = ""
         estimate = request.estimate
+        tokens = estimate.tokens
+        request_bytes = estimate.request_bytes
+        items = estimate.items
+        attempts = estimate.attempts
+        batch_size = estimate.batch_size
+        retained_work = estimate.retained_work
+        cost = estimate.cost_usd
         invalid = False
-        values: list[Any] = []
-        for name in _INT_FIELDS:
-            value = getattr(estimate, name, None)
-            if value is None:
-                values.append(None)
-            elif _valid_count(value):
-                values.append(int(value))
-            else:
+        # Plain non-negative ints (the common case) pass without a call per field.
+        for value in (tokens, request_bytes, items, attempts, batch_size, retained_work):
+            plain = value is None or (type(value) is int and value >= 0)
+            if not plain and not _valid_count(value):
                 invalid = True
-                values.append(None)
-        cost = getattr(estimate, "cost_usd", None)
+                break
         if cost is not None and not _valid_amount(cost):
             invalid = True
-            cost = None
         self.invalid = invalid
         if invalid:
             # Malformed host figures never reach evidence or any counter.
@@ -122,17 +120,19 @@ class _Ticket:
             self.batch_size = self.retained_work = None
             self.attempts = 1
             self.cost = None
-        else:
-            (
-                self.tokens,
-                self.request_bytes,
-                self.items,
-                attempts,
-                self.batch_size,
-                self.retained_work,
-            ) = values
-            self.attempts = 1 if attempts is None else attempts
-            self.cost = float(cost) if cost is not None else None
+            return
+        # Integral floats count as the integers they are.
+        self.tokens = tokens if tokens is None or type(tokens) is int else int(tokens)
+        self.request_bytes = _as_int(request_bytes)
+        self.items = _as_int(items)
+        self.batch_size = _as_int(batch_size)
+        self.retained_work = _as_int(retained_work)
+        self.attempts = 1 if attempts is None else int(attempts)
+        self.cost = float(cost) if cost is not None else None
+
+
+def _as_int(value: Any) -> int | None:
+    return value if value is None or type(value) is int else int(value)
 
 
 class _Lane:
