@@ -10,25 +10,20 @@ stops the call wherever it is (queued, in flight or in its backoff).
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
 from admission.core import (
-    AdmissionRegistry,
     AdmissionRejected,
     AdmissionRequest,
     CancelSignal,
     Estimate,
-    Profile,
-    VirtualTimeLoop,
 )
 from evaluator.harness.arrivals import Arrival
 from evaluator.harness.manifests import LoadManifest
-from evaluator.harness.records import MODE_OFFLINE
-from evaluator.harness.tally import LoadTally
-from evaluator.harness.target import LoadTarget, Progress, TargetRun, window
+from evaluator.harness.replay import WORKSPACE_ID, TimelineDriver
+from evaluator.harness.target import LoadTarget, Progress, TargetRun
 
 __all__ = [
     "CONTROLLER_TARGET",
@@ -39,7 +34,6 @@ __all__ = [
     "schedule_end_ms",
 ]
 
-WORKSPACE_ID = "load-harness"
 # Dollars per estimated token: the manifests pin cost ceilings but no price, so the harness
 # declares one; every estimate is known, because unknown cost fails closed under maxCostUsd.
 USD_PER_TOKEN = 0.000002
@@ -94,7 +88,7 @@ class _Call:
         self.timer: asyncio.TimerHandle | None = None
 
 
-class ControllerDriver:
+class ControllerDriver(TimelineDriver):
     """Releases arrivals into one ``AdmissionController`` and counts what happens."""
 
     def __init__(
@@ -104,81 +98,14 @@ class ControllerDriver:
         end_ms: float,
         progress: Progress | None = None,
     ) -> None:
-        model = manifest.section("arrivalModel")
-        self.manifest = manifest
-        self.end_ms = end_ms
-        self.progress = progress
-        self._timeline = arrivals
-        self.max_retries = int(model.get("maxRetries", 0))
-        self.backoff_s = float(model.get("retryBackoffMs", 0)) / 1000.0
-        self.tally = LoadTally()
+        super().__init__(manifest, arrivals, end_ms, progress)
+        self.backoff_s = self.backoff_ms / 1000.0
         # Estimates are read, never kept, by the controller: one per token size serves every call.
         self._estimates: dict[int, Estimate] = {}
-        self.loop = VirtualTimeLoop()
-        self.clock = self.loop.clock
-        self.registry = AdmissionRegistry(clock=self.clock, rng=random.Random(model["seed"]))
-        self.controller = self.registry.register(
-            Profile.from_manifest(manifest.document, workspace_id=WORKSPACE_ID)
-        )
-        self._arrivals: Iterator[Arrival] = iter(())
-        self._pending: Arrival | None = None
         self._open_calls = 0
-        self._drained: asyncio.Future[None] | None = None
-        self._error: BaseException | None = None
 
-    def run(self) -> TargetRun:
-        """Run the whole window; returns when the last arrival has stopped."""
-        loop = self.loop
-        try:
-            loop.run_until_complete(self._main())
-        finally:
-            loop.close()
-        if self._error is not None:
-            raise self._error
-        duration_ms = loop.clock.monotonic_ms()
-        return TargetRun(
-            mode=MODE_OFFLINE,
-            window=window(self.end_ms),
-            observations=self.tally.observations(duration_ms),
-            virtual_duration_ms=duration_ms,
-        )
-
-    async def _main(self) -> None:
-        loop = self.loop
-        self._drained = loop.create_future()
-        self._arrivals = iter(self._timeline)
-        self._pending = next(self._arrivals, None)
-        if self._pending is not None:
-            loop.call_at(self._pending.at_ms / 1000.0, self._release_due)
-        else:
-            self._drained.set_result(None)
-        if self.progress is not None:
-            self._report_progress()
-        await self._drained
-        if self.progress is not None:
-            self.progress(1.0)
-
-    def _report_progress(self) -> None:
-        now_ms = self.loop.clock.monotonic_ms()
-        assert self.progress is not None
-        self.progress(min(now_ms / self.end_ms, 1.0))
-        if self._pending is not None:
-            self.loop.call_later(self.end_ms / 100_000.0, self._report_progress)
-
-    def _release_due(self) -> None:
-        # Arrivals of the same millisecond start together, in timeline order.
-        arrival = self._pending
-        while arrival is not None:
-            self._arrive(arrival)
-            following = next(self._arrivals, None)
-            if following is not None and following.at_ms == arrival.at_ms:
-                arrival = following
-                continue
-            self._pending = following
-            if following is not None:
-                self.loop.call_at(following.at_ms / 1000.0, self._release_due)
-            break
-        self._check_drained()
+    def _idle(self) -> bool:
+        return self._open_calls == 0
 
     def _arrive(self, arrival: Arrival) -> None:
         self.tally.arrive(arrival.principal_class)
@@ -314,18 +241,6 @@ class ControllerDriver:
         self.controller.release_budget(call.budget_id)
         self._open_calls -= 1
         self._check_drained()
-
-    def _check_drained(self) -> None:
-        drained = self._drained
-        if self._open_calls == 0 and self._pending is None and drained and not drained.done():
-            drained.set_result(None)
-
-    def _fail(self, error: BaseException) -> None:
-        # A harness or controller bug: stop the run and re-raise it from run().
-        if self._error is None:
-            self._error = error
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
 
 
 def run_controller_target(

@@ -10,8 +10,7 @@ cancels through the request's ``CancelSignal`` at ``cancelAtMs``.
 from __future__ import annotations
 
 import asyncio
-import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any, cast
 
 from admission.core import (
@@ -19,17 +18,14 @@ from admission.core import (
     AdmissionRegistry,
     CancelSignal,
     Estimate,
-    Profile,
-    VirtualTimeLoop,
 )
 from evaluator.adapters.fake import FakeAdapter, FakeStep
 from evaluator.harness.arrivals import Arrival
-from evaluator.harness.controller_target import WORKSPACE_ID, estimate_for
+from evaluator.harness.controller_target import estimate_for
 from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.observed import ObservedAdapter, ObservedRegistry
-from evaluator.harness.records import MODE_OFFLINE
-from evaluator.harness.tally import LoadTally
-from evaluator.harness.target import LoadTarget, Progress, TargetRun, window
+from evaluator.harness.replay import WORKSPACE_ID, TimelineDriver
+from evaluator.harness.target import LoadTarget, Progress, TargetRun
 from evaluator.invocation import DecisionEvaluationRequest
 from evaluator.outcomes import CANCELLED, SUCCEEDED, TIMEOUT, EvaluationResult
 from evaluator.rulesets import Decision, Ruleset, Target
@@ -45,7 +41,7 @@ def sample_end_ms(manifest: LoadManifest) -> float:
     return float(manifest.section("duration")["evaluatorSampleSeconds"]) * 1000.0
 
 
-class EvaluatorDriver:
+class EvaluatorDriver(TimelineDriver):
     """Starts one evaluation per arrival and classifies how each one ended."""
 
     def __init__(
@@ -55,87 +51,28 @@ class EvaluatorDriver:
         end_ms: float,
         progress: Progress | None = None,
     ) -> None:
-        model = manifest.section("arrivalModel")
-        self.end_ms = end_ms
-        self.progress = progress
-        self.max_retries = int(model.get("maxRetries", 0))
-        self.backoff_ms = float(model.get("retryBackoffMs", 0))
-        self.tally = LoadTally()
-        self.loop = VirtualTimeLoop()
-        registry = AdmissionRegistry(clock=self.loop.clock, rng=random.Random(model["seed"]))
-        registry.register(Profile.from_manifest(manifest.document, workspace_id=WORKSPACE_ID))
-        self.registry = registry
-        self._observed = cast(AdmissionRegistry, ObservedRegistry(registry, self.tally))
+        super().__init__(manifest, arrivals, end_ms, progress)
+        self._observed = cast(AdmissionRegistry, ObservedRegistry(self.registry, self.tally))
         self.adapters = {
             provider_id: ObservedAdapter(FakeAdapter(responder=self._respond), self.tally)
             for provider_id in manifest.section("providers")
         }
-        self._timeline = arrivals
-        self._arrivals: Iterator[Arrival] = iter(())
-        self._pending: Arrival | None = None
         self._in_flight: dict[int, Arrival] = {}
         self._dispatched: set[int] = set()
         self._rulesets: dict[tuple[str, int], Ruleset] = {}
         self._estimates: dict[str, Estimate] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._drained: asyncio.Future[None] | None = None
-        self._error: BaseException | None = None
 
-    def run(self) -> TargetRun:
-        """Run the sample window; returns when the last evaluation has ended."""
-        loop = self.loop
-        try:
-            loop.run_until_complete(self._main())
-        finally:
-            loop.close()
-        if self._error is not None:
-            raise self._error
-        duration_ms = loop.clock.monotonic_ms()
-        return TargetRun(
-            mode=MODE_OFFLINE,
-            window=window(self.end_ms),
-            observations=self.tally.observations(duration_ms),
-            virtual_duration_ms=duration_ms,
-        )
+    def _idle(self) -> bool:
+        return not self._in_flight
 
-    async def _main(self) -> None:
-        loop = self.loop
-        self._drained = loop.create_future()
-        self._arrivals = iter(self._timeline)
-        self._pending = next(self._arrivals, None)
-        if self._pending is None:
-            self._drained.set_result(None)
-        else:
-            loop.call_at(self._pending.at_ms / 1000.0, self._release_due)
-        if self.progress is not None:
-            self._report_progress()
-        await self._drained
-        if self.progress is not None:
-            self.progress(1.0)
-
-    def _report_progress(self) -> None:
-        assert self.progress is not None
-        self.progress(min(self.loop.clock.monotonic_ms() / self.end_ms, 1.0))
-        if self._pending is not None:
-            self.loop.call_later(self.end_ms / 100_000.0, self._report_progress)
-
-    def _release_due(self) -> None:
-        arrival = self._pending
-        while arrival is not None:
-            # Counted before the task runs, so the run cannot look drained in between.
-            self.tally.arrive(arrival.principal_class)
-            self._in_flight[arrival.ordinal] = arrival
-            task = self.loop.create_task(self._evaluate(arrival))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-            following = next(self._arrivals, None)
-            if following is not None and following.at_ms == arrival.at_ms:
-                arrival = following
-                continue
-            self._pending = following
-            if following is not None:
-                self.loop.call_at(following.at_ms / 1000.0, self._release_due)
-            break
+    def _arrive(self, arrival: Arrival) -> None:
+        # Counted before the task runs, so the run cannot look drained in between.
+        self.tally.arrive(arrival.principal_class)
+        self._in_flight[arrival.ordinal] = arrival
+        task = self.loop.create_task(self._evaluate(arrival))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _evaluate(self, arrival: Arrival) -> None:
         signal = None
@@ -229,13 +166,6 @@ class EvaluatorDriver:
         if first_dispatch and arrival.fails_first_attempt:
             return FakeStep(latency_ms=arrival.service_ms, error="server-error")
         return FakeStep(latency_ms=arrival.service_ms)
-
-    def _check_drained(self) -> None:
-        drained = self._drained
-        if drained is None or drained.done():
-            return
-        if self._error is not None or (self._pending is None and not self._in_flight):
-            drained.set_result(None)
 
 
 def run_evaluator_target(
