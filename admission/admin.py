@@ -121,6 +121,30 @@ def _run_per_object(
             model_admin.message_user(request, done, messages.SUCCESS)
 
 
+def _decision_form_page(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    form: Any,
+    title: str,
+    action: str,
+) -> TemplateResponse:
+    """The intermediate page of an approve/reject action: the checklist form and the objects."""
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": title,
+        "form": form,
+        "decision": form.decision,
+        "action": action,
+        "objects": list(queryset),
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "runbook_url": runbook_url(),
+        "runbook_id": RUNBOOK_ID,
+    }
+    return TemplateResponse(request, "admin/admission/decide.html", context)
+
+
 class ProfileApprovalInline(admin.TabularInline):
     model = ProfileApproval
     fk_name = "version"
@@ -290,19 +314,8 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, admin.ModelAdmin):
                 return None
         else:
             form = ProfileDecisionForm(decision=decision)
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": f"{decision.capitalize()} profile versions under {RUNBOOK_ID}",
-            "form": form,
-            "decision": decision,
-            "action": f"{decision}_selected",
-            "objects": list(queryset),
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "runbook_url": runbook_url(),
-            "runbook_id": RUNBOOK_ID,
-        }
-        return TemplateResponse(request, "admin/admission/decide.html", context)
+        title = f"{decision.capitalize()} profile versions under {RUNBOOK_ID}"
+        return _decision_form_page(self, request, queryset, form, title, f"{decision}_selected")
 
     @admin.action(
         description="Approve selected versions (runbook checklist)", permissions=["approve"]
@@ -390,19 +403,8 @@ class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.M
                 return None
         else:
             form = RollbackDecisionForm(decision=decision)
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": f"{decision.capitalize()} rollback requests",
-            "form": form,
-            "decision": decision,
-            "action": f"{decision}_rollbacks",
-            "objects": list(queryset),
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "runbook_url": runbook_url(),
-            "runbook_id": RUNBOOK_ID,
-        }
-        return TemplateResponse(request, "admin/admission/decide.html", context)
+        title = f"{decision.capitalize()} rollback requests"
+        return _decision_form_page(self, request, queryset, form, title, f"{decision}_rollbacks")
 
     @admin.action(
         description="Approve selected rollbacks (activates the target)", permissions=["approve"]
