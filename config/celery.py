@@ -33,9 +33,11 @@ if str(app.conf.broker_url).startswith("filesystem://"):
 elif str(app.conf.broker_url).startswith(("redis://", "rediss://")):
     # An unacknowledged message goes back to the queue after this long; it must outlast the
     # longest evaluation, or a slow run would be delivered twice (the receipt stops the second).
-    _transport_options.setdefault(
-        "visibility_timeout", int(os.environ.get("SLUICE_BROKER_VISIBILITY_TIMEOUT", "3600"))
-    )
+    _visibility = int(os.environ.get("SLUICE_BROKER_VISIBILITY_TIMEOUT", "3600"))
+    _transport_options.setdefault("visibility_timeout", _visibility)
+    # Sweep for abandoned messages often enough that the timeout, not the sweep, decides.
+    _transport_options.setdefault("unacked_restore_interval", max(1, min(10, _visibility // 5)))
+    _transport_options.setdefault("unacked_restore_throttle", 1)
 app.conf.broker_transport_options = _transport_options
 
 app.autodiscover_tasks()
