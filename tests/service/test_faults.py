@@ -1,0 +1,127 @@
+"""Faults with real processes: a worker SIGKILLed mid-dispatch, and a broker that is down.
+
+A killed worker's task is delivered again (acks_late + reject_on_worker_lost; Redis restores an
+unacknowledged message after its visibility timeout; the embedded broker's next worker queues
+runs a dead worker left `running`). The redelivery resumes from the database receipt: the call
+that was in flight becomes `execution-uncertain` and is never sent again; the rest run once.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+
+import pytest
+
+from evaluator.forms import example_request
+
+from .conftest import free_port, wait_for
+
+pytestmark = pytest.mark.celery
+
+SLOW = 1500
+RECEIPT = """
+import json
+from evaluator.models import EvaluationRun, Receipt
+run = EvaluationRun.objects.get(pk="{run_id}")
+receipt = Receipt.objects.get(workspace_id="demo", invocation_id=run.invocation_id)
+print(json.dumps({{"state": receipt.state, "pending": receipt.pending_dispatch}}))
+"""
+
+
+def _assert_resumed_truthfully(deployment, run):
+    assert run["status"] == "execution-uncertain", run
+    assert run["deliveries"] == 2
+    assert run["result"]["resumed"] is True
+    statuses = {d["decisionId"]: d["status"] for d in run["result"]["decisions"]}
+    assert statuses == {
+        "check-1": "succeeded",
+        "check-2": "execution-uncertain",
+        "check-3": "succeeded",
+        "check-4": "succeeded",
+    }
+    uncertain = [a for a in run["attempts"] if a["decisionId"] == "check-2"]
+    assert len(uncertain) == 1
+    assert uncertain[0]["sent"] is True
+    assert uncertain[0]["reason"] == "dispatch-unconfirmed"
+    # Every decision reached the adapter exactly once, across both worker processes.
+    calls = collections.Counter(call["decisionId"] for call in deployment.adapter_calls())
+    assert calls == {"check-1": 1, "check-2": 1, "check-3": 1, "check-4": 1}
+    assert len({call["pid"] for call in deployment.adapter_calls()}) == 2
+    receipt = json.loads(deployment.django(RECEIPT.format(run_id=run["id"])).splitlines()[-1])
+    assert receipt == {"state": "completed", "pending": False}
+
+
+def _submit_and_wait_for_second_dispatch(deployment):
+    submitted = deployment.submit(example_request(4))
+    wait_for(lambda: len(deployment.adapter_calls()) >= 2, 60, "the second adapter call")
+    return submitted
+
+
+def test_a_pool_process_killed_mid_dispatch_is_redelivered_and_resumed(deployment):
+    deployment.start_web()
+    slow = {"SLUICE_ADAPTERS": deployment.adapters(latency_ms=SLOW)}
+    worker = deployment.start_worker(slow)
+    submitted = _submit_and_wait_for_second_dispatch(deployment)
+
+    (child,) = worker.children()
+    os.kill(child, signal.SIGKILL)
+
+    run = deployment.wait_run(submitted["id"], timeout=90)
+    _assert_resumed_truthfully(deployment, run)
+    assert "delivered again (delivery 2)" in worker.log()
+
+
+def test_a_whole_worker_killed_mid_dispatch_is_redelivered_to_the_next_one(deployment):
+    deployment.start_web()
+    # Short, so the test need not wait an hour for Redis to give the message back.
+    env = {
+        "SLUICE_ADAPTERS": deployment.adapters(latency_ms=SLOW),
+        "SLUICE_BROKER_VISIBILITY_TIMEOUT": "5",
+    }
+    first = deployment.start_worker(env)
+    submitted = _submit_and_wait_for_second_dispatch(deployment)
+
+    first.kill_group(signal.SIGKILL)
+    assert deployment.evaluation(submitted["id"])["status"] == "running"
+
+    second = deployment.start_worker(env)
+    run = deployment.wait_run(submitted["id"], timeout=120)
+    _assert_resumed_truthfully(deployment, run)
+    assert "delivered again (delivery 2)" in second.log()
+
+
+def test_a_broker_that_is_down_gets_a_typed_503_and_no_run_stays_queued(deployment):
+    dead_broker = f"redis://127.0.0.1:{free_port()}/0"
+    web = deployment.start_web({"CELERY_BROKER_URL": dead_broker})
+    document = {**example_request(2), "invocationId": "retry-me-1"}
+    path = "/api/workspaces/demo/evaluations/"
+
+    response = deployment.api("POST", path, json=document)
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["type"] == "broker-unavailable"
+    assert "not queued" in error["detail"]
+
+    (run,) = deployment.api("GET", path).json()["results"]
+    assert run["status"] == "failed"
+    assert run["error"]["type"] == "broker-unavailable"
+
+    load = deployment.api(
+        "POST",
+        "/api/workspaces/demo/load-runs/",
+        json={"manifest": "load-manifest.v2.json", "target": "admission-controller"},
+    )
+    assert load.status_code == 503
+    assert load.json()["error"]["type"] == "broker-unavailable"
+
+    # Once the broker is back, the same invocationId queues that very run again.
+    web.stop()
+    deployment.start_web()
+    deployment.start_worker()
+    again = deployment.api("POST", path, json=document)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == run["id"]
+    assert deployment.wait_run(run["id"])["status"] == "completed"
