@@ -36,6 +36,7 @@ MAX_RETRY_HINT_MS = 30_000
 DEFAULT_RETRY_BASE_MS = 1_000.0
 TRANSITION_HISTORY = 256
 
+
 def _valid_count(value: Any) -> bool:
     if type(value) is int:
         return value >= 0
@@ -252,6 +253,7 @@ class AdmissionController:
         self._waiting = 0
         self._pumping = False
         self._epoch = 0
+        self._profile_epoch = 0
         self._evicted = False
         self._recompute_reservations()
 
@@ -312,12 +314,15 @@ class AdmissionController:
         scopes = owner._budget_scopes.pop(budget_id, None)
         if not scopes:
             return
+        limit = owner._registry.max_idle_scopes
+        crowded = len(owner._principals) > limit
         for scope in scopes:
             scope.budgets.pop(budget_id, None)
             scope.repeats.pop(budget_id, None)
-            if scope.kind == "principal" and not scope.active and not scope.queued:
+            if crowded and scope.kind == "principal" and not scope.active and not scope.queued:
                 owner._note_idle_principal(scope.key)
-        owner._note_idle()
+        if len(owner._registry._controllers) > limit:
+            owner._note_idle()
 
     def coordinate_retry_after(self, provider_id: str, ms: float) -> None:
         """Pause this provider lane for `ms` milliseconds (starts or extends, never shortens)."""
@@ -343,6 +348,7 @@ class AdmissionController:
         """Switch to a newly current profile and revalidate every queued request against it."""
         now = self._clock.monotonic_ms()
         self._profile = profile
+        self._profile_epoch += 1
         self._workspace.apply(profile.workspace, now)
         for principal_id, scope in self._principals.items():
             limits = profile.principals.get(principal_id)
@@ -439,6 +445,88 @@ class AdmissionController:
         if ticket.invalid:
             return "invalid-estimate"
         scopes = (principal, self._workspace, provider)
+        pair = ticket.pair
+        gate = pair.gate if pair.gate_epoch == self._profile_epoch else self._compile_gate(ticket)
+        if self._gate_fails(ticket, gate):
+            return self._ordered_static_reason(ticket, scopes)
+        budget_id = request.budget_id
+        for scope in scopes:
+            if scope.has_budgets:
+                limits = scope.limits
+                used = scope.budgets.get(budget_id)
+                if used is None:
+                    attempts, spent, reserved = 0, 0.0, 0
+                else:
+                    attempts, spent, reserved = used.attempts, used.cost, used.tokens
+                bound = limits.max_attempts
+                if bound is not None and attempts + ticket.attempts > bound:
+                    return "attempts"
+                bound = limits.max_cost_usd
+                if (
+                    bound is not None
+                    and ticket.cost is not None
+                    and spent + ticket.cost > bound + EPSILON
+                ):
+                    return "cost"
+                bound = limits.max_tokens
+                if (
+                    bound is not None
+                    and ticket.tokens is not None
+                    and reserved + ticket.tokens > bound
+                ):
+                    return "tokens"
+        return None
+
+    def _compile_gate(self, ticket: _Ticket) -> tuple[Any, ...]:
+        """The tightest static bounds of a lane's three scopes under the current profile."""
+        assert ticket.P is not None and ticket.V is not None and ticket.pair is not None
+        limits = (ticket.P.limits, self._workspace.limits, ticket.V.limits)
+
+        def tightest(name: str) -> Any:
+            values = [getattr(item, name) for item in limits if getattr(item, name) is not None]
+            return min(values) if values else None
+
+        gate = (
+            tightest("max_batch_size"),
+            tightest("max_request_bytes"),
+            tightest("max_items"),
+            tightest("max_retained_work"),
+            any(item.max_cost_usd is not None and not item.allow_unknown_cost for item in limits),
+            any(item.max_tokens is not None for item in limits),
+            tightest("tokens_per_second"),
+            any(
+                item.requests_per_minute is not None and item.requests_per_minute <= 0
+                for item in limits
+            ),
+        )
+        ticket.pair.gate = gate
+        ticket.pair.gate_epoch = self._profile_epoch
+        return gate
+
+    @staticmethod
+    def _gate_fails(ticket: _Ticket, gate: tuple[Any, ...]) -> bool:
+        """Whether any static or never-fits check can fail; the ordered scan then says which."""
+        batch, size, items, retained, cost_required, tokens_required, tps, rpm_zero = gate
+        value = ticket.batch_size
+        if batch is not None and value is not None and value > batch:
+            return True
+        value = ticket.request_bytes
+        if size is not None and value is not None and value > size:
+            return True
+        value = ticket.items
+        if items is not None and value is not None and value > items:
+            return True
+        value = ticket.retained_work
+        if retained is not None and (value is None or value > retained):
+            return True
+        if cost_required and ticket.cost is None:
+            return True
+        value = ticket.tokens
+        if value is None:
+            return tokens_required or rpm_zero
+        return (tps is not None and value > tps) or rpm_zero
+
+    def _ordered_static_reason(self, ticket: _Ticket, scopes: tuple[Scope, ...]) -> str | None:
         for scope in scopes:
             if scope.has_static:
                 reason = self._static_reason(ticket, scope.limits)
@@ -453,11 +541,6 @@ class AdmissionController:
                 tps = limits.tokens_per_second
                 if tps is not None and tokens is not None and tokens > tps:
                     return "tokens-per-second"
-        for scope in scopes:
-            if scope.has_budgets:
-                reason = self._budget_reason(ticket, scope)
-                if reason is not None:
-                    return reason
         return None
 
     @staticmethod
@@ -485,23 +568,6 @@ class AdmissionController:
             return "unknown-cost"
         if limits.max_tokens is not None and ticket.tokens is None:
             return "unknown-tokens"
-        return None
-
-    @staticmethod
-    def _budget_reason(ticket: _Ticket, scope: Scope) -> str | None:
-        limits = scope.limits
-        used = scope.budgets.get(ticket.request.budget_id)
-        attempts = used.attempts if used is not None else 0
-        if limits.max_attempts is not None and attempts + ticket.attempts > limits.max_attempts:
-            return "attempts"
-        if limits.max_cost_usd is not None and ticket.cost is not None:
-            spent = used.cost if used is not None else 0.0
-            if spent + ticket.cost > limits.max_cost_usd + EPSILON:
-                return "cost"
-        if limits.max_tokens is not None and ticket.tokens is not None:
-            reserved = used.tokens if used is not None else 0
-            if reserved + ticket.tokens > limits.max_tokens:
-                return "tokens"
         return None
 
     def _dispatch_check(self, ticket: _Ticket, now: float) -> tuple[Any, ...] | None:
@@ -560,22 +626,22 @@ class AdmissionController:
         scopes = (principal, workspace, provider)
         for scope in scopes:
             bucket = scope.req_bucket
-            if bucket is not None:
-                wait = bucket.ms_until(1.0, now)
-                if wait > 0:
-                    return ("requests-per-minute", None, now + wait, None)
+            # A full-enough bucket (the usual case) is judged without the waiting arithmetic.
+            if bucket is not None and bucket.refill(now) < 1.0 - EPSILON:
+                return ("requests-per-minute", None, now + bucket.ms_until(1.0, now), None)
         tokens = ticket.tokens or 0
         for scope in scopes:
             bucket = scope.tok_bucket
-            if bucket is not None:
-                holder = bucket.holder
-                needed = tokens
-                if holder is not None and holder is not ticket:
-                    needed += holder.tokens or 0  # type: ignore[attr-defined]
+            if bucket is None:
+                continue
+            holder = bucket.holder
+            needed = tokens
+            if holder is not None and holder is not ticket:
+                needed += holder.tokens or 0  # type: ignore[attr-defined]
+            if bucket.refill(now) < needed - EPSILON:
                 wait = bucket.ms_until(needed, now)
-                if wait > 0:
-                    wake = now + wait if wait != math.inf else None
-                    return ("tokens-per-second", bucket.parked, wake, bucket)
+                wake = now + wait if wait != math.inf else None
+                return ("tokens-per-second", bucket.parked, wake, bucket)
         return None
 
     def _queue_full(self, ticket: _Ticket) -> bool:
@@ -604,17 +670,21 @@ class AdmissionController:
     ) -> AdmissionEvidence:
         principal, provider = ticket.P, ticket.V
         breaker = provider.breaker if provider is not None else None
+        # Positional: this runs for every decision.
         return AdmissionEvidence(
-            decision=decision,
-            reason=reason,
-            queue_delay_ms=now - ticket.arrived_ms,
-            active=principal.active if principal is not None else 0,
-            queued=principal.queued if principal is not None else 0,
-            estimated_tokens=ticket.tokens,
-            estimated_cost_usd=ticket.cost,
-            retry_pressure=self._retry_pressure(provider, now) if provider is not None else 0,
-            breaker_state=breaker.state if breaker is not None else "closed",
-            breaker_transitions=ticket.transitions or [],
+            decision,
+            reason,
+            now - ticket.arrived_ms,
+            principal.active if principal is not None else 0,
+            principal.queued if principal is not None else 0,
+            ticket.tokens,
+            ticket.cost,
+            self._retry_pressure(provider, now)
+            if provider is not None and provider.pressure
+            else 0,
+            breaker.state if breaker is not None else "closed",
+            None,
+            ticket.transitions or [],
         )
 
     def _rejection(self, ticket: _Ticket, reason: str, now: float) -> AdmissionRejected:
@@ -665,12 +735,15 @@ class AdmissionController:
         self._leases += 1
         budget_id = request.budget_id
         tokens = ticket.tokens or 0
+        owners = self._budget_scopes.get(budget_id)
+        if owners is None:
+            owners = self._budget_scopes[budget_id] = []
         for scope in (principal, workspace, provider):
             if scope.has_budgets:
                 used = scope.budgets.get(budget_id)
                 if used is None:
                     used = scope.budgets[budget_id] = Budget()
-                    self._budget_scopes.setdefault(budget_id, []).append(scope)
+                    owners.append(scope)
                 used.attempts += ticket.attempts
                 if ticket.cost is not None:
                     used.cost += ticket.cost
@@ -683,13 +756,14 @@ class AdmissionController:
                 bucket.level -= tokens
         repeats = provider.repeats.get(budget_id)
         if repeats is None:
-            if provider not in self._budget_scopes.setdefault(budget_id, []):
-                self._budget_scopes[budget_id].append(provider)
+            if provider not in owners:
+                owners.append(provider)
             provider.repeats[budget_id] = 1
         else:
             provider.repeats[budget_id] = repeats + 1
             self._pressure_event(provider, now)
-        self._release_holds(ticket)
+        if ticket.holds:
+            self._release_holds(ticket)
         breaker = provider.breaker
         probe = False
         generation = 0
@@ -754,9 +828,11 @@ class AdmissionController:
                 self._wake_one(provider.parked)
         if self._ready:
             self._pump()
-        if not principal.active and not principal.queued:
+        # Idleness only matters once there are more scopes than may idle.
+        limit = self._registry.max_idle_scopes
+        if not principal.active and not principal.queued and len(self._principals) > limit:
             self._note_idle_principal(principal.key)
-        if not self._leases and not self._waiting:
+        if not self._leases and not self._waiting and len(self._registry._controllers) > limit:
             self._note_idle()
 
     def _reconcile(
@@ -1097,6 +1173,8 @@ class AdmissionController:
     # ------------------------------------------------------------- eviction
 
     def _note_idle_principal(self, principal_id: str) -> None:
+        if len(self._principals) <= self._registry.max_idle_scopes:
+            return
         idle = self._idle_principals
         idle[principal_id] = None
         idle.move_to_end(principal_id)
@@ -1128,4 +1206,5 @@ class AdmissionController:
         return True
 
     def _note_idle(self) -> None:
-        self._registry._note_idle(self)
+        if len(self._registry._controllers) > self._registry.max_idle_scopes:
+            self._registry._note_idle(self)

@@ -198,10 +198,13 @@ class Scope:
 class Pair:
     """A principal's permits and waiters inside one provider pool."""
 
-    __slots__ = ("active", "parked", "queued")
+    __slots__ = ("active", "gate", "gate_epoch", "parked", "queued")
 
     def __init__(self) -> None:
         self.active = 0
         self.queued = 0
+        # The lane's tightest static bounds, compiled once per profile by the controller.
+        self.gate: tuple[object, ...] = ()
+        self.gate_epoch = -1
         # Lanes deferred on this principal's share cap in the provider pool.
         self.parked: dict[object, None] = {}

@@ -147,8 +147,19 @@ def iter_arrivals(model: ArrivalModel, end_ms: float) -> Iterator[Arrival]:
     providers = model.provider_ids
     provider_count = len(providers)
     service_span = model.service_maximum_ms - model.service_minimum_ms + 1
+    service_minimum = model.service_minimum_ms
+    huge_share, huge_tokens, small_tokens = (
+        model.huge_token_share,
+        model.huge_tokens,
+        model.small_tokens,
+    )
+    failure_rate, cancellation_rate = model.retryable_failure_rate, model.cancellation_rate
+    cancel_after = model.cancel_after_ms
+    weighted = list(zip(cumulative, principals, strict=True))
+    last = principals[-1]
     log = math.log
     floor = math.floor
+    make = Arrival
     at = 0.0
     index = 0
     while True:
@@ -158,28 +169,29 @@ def iter_arrivals(model: ArrivalModel, end_ms: float) -> Iterator[Arrival]:
         if at >= end_ms:
             return
         target = draw() * total_weight
-        principal = principals[-1]
-        for position, bound in enumerate(cumulative):
+        principal = last
+        for bound, candidate in weighted:
             if target < bound:
-                principal = principals[position]
+                principal = candidate
                 break
         provider_id = providers[floor(draw() * provider_count)]
-        huge = draw() < model.huge_token_share
-        service_ms = model.service_minimum_ms + floor(draw() * service_span)
-        fails_first_attempt = draw() < model.retryable_failure_rate
-        cancels = draw() < model.cancellation_rate
+        huge = draw() < huge_share
+        service_ms = service_minimum + floor(draw() * service_span)
+        fails_first_attempt = draw() < failure_rate
+        cancels = draw() < cancellation_rate
         at_ms = floor(at + 0.5)
-        yield Arrival(
-            ordinal=index,
-            at_ms=at_ms,
-            principal_id=principal.principal_id,
-            principal_class=principal.principal_class,
-            provider_id=provider_id,
-            huge=huge,
-            tokens=model.huge_tokens if huge else model.small_tokens,
-            service_ms=service_ms,
-            fails_first_attempt=fails_first_attempt,
-            cancel_at_ms=at_ms + model.cancel_after_ms if cancels else None,
+        # Positional: this runs for every arrival of the timeline.
+        yield make(
+            index,
+            at_ms,
+            principal.principal_id,
+            principal.principal_class,
+            provider_id,
+            huge,
+            huge_tokens if huge else small_tokens,
+            service_ms,
+            fails_first_attempt,
+            at_ms + cancel_after if cancels else None,
         )
         index += 1
 
