@@ -62,7 +62,7 @@ def test_CNC_ADMIT_011_workspace_and_provider_queue_bounds(scenario_factory):
     s.run(body)
 
 
-def test_CNC_ADMIT_012_every_waiter_expires_at_its_own_dwell_bound(scenario_factory):
+def test_CNC_ADMIT_012_offline_slow_client_waiters_expire_at_own_dwell(scenario_factory):
     profile = make_profile(
         principals={"alice": {"concurrency": 1, "maxQueueLength": 3, "maxQueueWaitMs": 1000}},
     )
