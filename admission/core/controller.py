@@ -429,10 +429,14 @@ class AdmissionController:
         signal = request.signal
         if signal is not None and signal.cancelled:
             return "cancelled"
-        principal = self._principal_scope(request.principal_id)
+        principal = self._principals.get(request.principal_id)
+        if principal is None:
+            principal = self._principal_scope(request.principal_id)
         if principal is None or not principal.configured:
             return "unconfigured-principal"
-        provider = self._provider_scope(request.provider_id)
+        provider = self._providers.get(request.provider_id)
+        if provider is None:
+            provider = self._provider_scope(request.provider_id)
         if provider is None or not provider.configured:
             return "unconfigured-provider"
         ticket.P = principal
