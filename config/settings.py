@@ -68,7 +68,8 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(VAR_DIR / "sluice.sqlite3"),
-            "OPTIONS": {"timeout": 20},
+            # IMMEDIATE: a read-then-write transaction waits for the lock instead of failing.
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
         }
     }
 
