@@ -146,7 +146,7 @@ def run_command(args: argparse.Namespace) -> int:
     demo = _prepare(verbosity=1)
     from django.conf import settings
 
-    database = f"{settings.DATABASES['default']['ENGINE'].rsplit('.', 1)[-1]} " + str(
+    database = f"{str(settings.DATABASES['default']['ENGINE']).rsplit('.', 1)[-1]} " + str(
         settings.DATABASES["default"]["NAME"]
     )
     broker = str(settings.CELERY_BROKER_URL).split("@")[-1]

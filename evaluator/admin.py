@@ -169,7 +169,9 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
                 except services.BrokerUnavailable as error:
                     form.add_error(None, str(error))
                 except services.RunServiceError as error:
-                    form.add_error("document", f"{error.field}: {error}" if error.field else error)
+                    form.add_error(
+                        "document", f"{error.field}: {error}" if error.field else str(error)
+                    )
                 else:
                     self.message_user(
                         request,

@@ -54,7 +54,7 @@ class EvaluationSubmitForm(forms.Form):
             "document", json.dumps(example_request(3), indent=2)
         )
         super().__init__(*args, **kwargs)
-        members = Workspace.objects.filter(members__pk=user.pk).order_by("key")
+        members = Workspace.objects.filter(members__pk=user.pk or 0).order_by("key")
         self.fields["workspace"].queryset = members  # type: ignore[attr-defined]
         if members.count() == 1 and "workspace" not in self.initial:
             self.initial["workspace"] = members.first()

@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
 from django.utils import timezone
@@ -103,7 +102,7 @@ class BrokerUnavailable(RunServiceError):
 
 
 def evaluation_run_submit(
-    workspace: Workspace, principal_user: AbstractBaseUser, document: Any
+    workspace: Workspace, principal_user: Any, document: Any
 ) -> tuple[EvaluationRun, bool]:
     """Validate `document` for the trusted caller and workspace, store the run, enqueue it.
 
@@ -303,7 +302,7 @@ def load_manifest_names() -> list[str]:
 
 
 def load_run_submit(
-    workspace: Workspace, principal_user: AbstractBaseUser, manifest_name: str, target: str
+    workspace: Workspace, principal_user: Any, manifest_name: str, target: str
 ) -> LoadRun:
     """Store a load run of a preregistered manifest against a harness target and enqueue it.
 
@@ -358,26 +357,29 @@ def runs_requeue_orphaned() -> int:
     a worker killed outright leaves its run `running` with nothing on the broker. A worker
     starting there calls this; it assumes it is the only worker (as `make run` starts it).
     """
+    return _requeue_running(EvaluationRun) + _requeue_running(LoadRun)
+
+
+def _requeue_running(model: type[RunT]) -> int:
     count = 0
-    for model in (EvaluationRun, LoadRun):
-        for run in model.objects.filter(status=model.Status.RUNNING):
-            logger.warning("%s was left running by a worker that died; queueing it again", run)
-            try:
-                _publish(run)
-            except BrokerUnavailable:
-                continue
-            count += 1
+    for run in model.objects.filter(status=model.Status.RUNNING):
+        logger.warning("%s was left running by a worker that died; queueing it again", run)
+        try:
+            _publish(run)
+        except BrokerUnavailable:
+            continue
+        count += 1
     return count
 
 
 # --------------------------------------------------------------------------------- shared
 
 
-def _enqueue_on_commit(run: EvaluationRun | LoadRun) -> None:
+def _enqueue_on_commit(run: RunT) -> None:
     transaction.on_commit(lambda: _publish(run))
 
 
-def _publish(run: EvaluationRun | LoadRun) -> None:
+def _publish(run: RunT) -> None:
     from evaluator import tasks
 
     task = tasks.run_evaluation if isinstance(run, EvaluationRun) else tasks.run_load_manifest

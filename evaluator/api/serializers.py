@@ -52,7 +52,7 @@ class EvaluationRunSummarySerializer(serializers.ModelSerializer):
 
     class Meta:
         model = EvaluationRun
-        fields = (
+        fields: tuple[str, ...] = (
             "id",
             "workspaceId",
             "principalId",

@@ -71,7 +71,7 @@ class EvaluationRunFilter(django_filters.FilterSet):
 class MemberWorkspaceMixin:
     """Resolves `workspace_key` among the caller's workspaces, else 404."""
 
-    request: Request
+    request: Any
     kwargs: dict[str, Any]
     workspace_permission: str | None = None
     _workspace: Workspace | None = None
