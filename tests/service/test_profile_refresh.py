@@ -97,7 +97,7 @@ def test_an_activation_reaches_an_evaluation_while_it_runs(deployment):
             "SLUICE_ADAPTERS": deployment.adapters(latency_ms=500),
         }
     )
-    submitted = deployment.submit(example_request(12))
+    submitted = deployment.submit(example_request(16))
     wait_for(lambda: len(deployment.adapter_calls()) >= 1, 30, "the first adapter call")
     deployment.django(ACTIVATE_V2)
 
@@ -107,7 +107,7 @@ def test_an_activation_reaches_an_evaluation_while_it_runs(deployment):
     assert statuses[0] == "succeeded"
     assert statuses[-1] == "rate-limited"
     first_refused = statuses.index("rate-limited")
-    assert statuses[first_refused:] == ["rate-limited"] * (12 - first_refused)
+    assert statuses[first_refused:] == ["rate-limited"] * (16 - first_refused)
     assert len(deployment.adapter_calls()) == first_refused
 
 
