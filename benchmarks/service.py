@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -97,6 +98,8 @@ def measure(mode: str, evaluations: int, latency_ms: float) -> dict[str, Any] | 
 
 
 def main() -> int:
+    # SIGTERM (e.g. from `timeout`) unwinds through the deployments' cleanup like Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--evaluations", type=int, default=40)
     parser.add_argument("--latency-ms", type=float, default=10.0)
