@@ -65,9 +65,7 @@ def measure(mode: str, evaluations: int, latency_ms: float) -> dict[str, Any] | 
             for _ in range(concurrency):
                 deployment.wait_run(deployment.submit(example_request(DECISIONS))["id"])
             started = time.monotonic()
-            ids = {
-                deployment.submit(example_request(DECISIONS))["id"] for _ in range(evaluations)
-            }
+            ids = {deployment.submit(example_request(DECISIONS))["id"] for _ in range(evaluations)}
             submitted = time.monotonic() - started
             runs: dict[str, dict[str, Any]] = {}
             deadline = time.monotonic() + 600

@@ -465,11 +465,11 @@ class AdmissionController:
                 bound = limits.max_attempts
                 if bound is not None and attempts + ticket.attempts > bound:
                     return "attempts"
-                bound = limits.max_cost_usd
+                money = limits.max_cost_usd
                 if (
-                    bound is not None
+                    money is not None
                     and ticket.cost is not None
-                    and spent + ticket.cost > bound + EPSILON
+                    and spent + ticket.cost > money + EPSILON
                 ):
                     return "cost"
                 bound = limits.max_tokens
