@@ -8,7 +8,8 @@ from __future__ import annotations
 import difflib
 import json
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -121,15 +122,29 @@ def _run_per_object(
             model_admin.message_user(request, done, messages.SUCCESS)
 
 
-def _decision_form_page(
+DecisionFormT = TypeVar("DecisionFormT", ProfileDecisionForm, RollbackDecisionForm)
+
+
+def _decision_action(
     model_admin: admin.ModelAdmin,
     request: HttpRequest,
     queryset: QuerySet[Any],
-    form: Any,
+    *,
+    form_class: type[DecisionFormT],
+    decision: str,
+    decide: Callable[[DecisionFormT, Any], str],
     title: str,
     action: str,
-) -> TemplateResponse:
-    """The intermediate page of an approve/reject action: the checklist form and the objects."""
+) -> TemplateResponse | None:
+    """An approve/reject action: the checklist form page until it validates, then `decide` on
+    each object; None sends the admin back to the changelist, where the messages show."""
+    if "post" in request.POST:
+        form = form_class(request.POST, decision=decision)
+        if form.is_valid():
+            _run_per_object(model_admin, request, queryset, partial(decide, form))
+            return None
+    else:
+        form = form_class(decision=decision)
     context = {
         **model_admin.admin_site.each_context(request),
         "opts": model_admin.opts,
@@ -287,35 +302,36 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, admin.ModelAdmin):
     def _decision_page(
         self, request: HttpRequest, queryset: QuerySet[ProfileVersion], decision: str
     ) -> TemplateResponse | None:
-        if "post" in request.POST:
-            form = ProfileDecisionForm(request.POST, decision=decision)
-            if form.is_valid():
-                comment = form.cleaned_data["comment"]
-                checklist = form.checklist()
+        def decide(form: ProfileDecisionForm, version: ProfileVersion) -> str:
+            comment = form.cleaned_data["comment"]
+            checklist = form.checklist()
+            if decision == "approve":
+                services.profile_version_approve(
+                    version=version,
+                    approver=_operator(request),
+                    checklist=checklist,
+                    comment=comment,
+                )
+                return f"Approved {version}."
+            services.profile_version_reject(
+                version=version,
+                approver=_operator(request),
+                checklist=checklist,
+                comment=comment,
+            )
+            return f"Rejected {version}."
 
-                def decide(version: ProfileVersion) -> str:
-                    if decision == "approve":
-                        services.profile_version_approve(
-                            version=version,
-                            approver=_operator(request),
-                            checklist=checklist,
-                            comment=comment,
-                        )
-                        return f"Approved {version}."
-                    services.profile_version_reject(
-                        version=version,
-                        approver=_operator(request),
-                        checklist=checklist,
-                        comment=comment,
-                    )
-                    return f"Rejected {version}."
-
-                _run_per_object(self, request, queryset, decide)
-                return None
-        else:
-            form = ProfileDecisionForm(decision=decision)
         title = f"{decision.capitalize()} profile versions under {RUNBOOK_ID}"
-        return _decision_form_page(self, request, queryset, form, title, f"{decision}_selected")
+        return _decision_action(
+            self,
+            request,
+            queryset,
+            form_class=ProfileDecisionForm,
+            decision=decision,
+            decide=decide,
+            title=title,
+            action=f"{decision}_selected",
+        )
 
     @admin.action(
         description="Approve selected versions (runbook checklist)", permissions=["approve"]
@@ -383,28 +399,29 @@ class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.M
     def _decision_page(
         self, request: HttpRequest, queryset: QuerySet[RollbackRequest], decision: str
     ) -> TemplateResponse | None:
-        if "post" in request.POST:
-            form = RollbackDecisionForm(request.POST, decision=decision)
-            if form.is_valid():
-                comment = form.cleaned_data["comment"]
+        def decide(form: RollbackDecisionForm, rollback: RollbackRequest) -> str:
+            comment = form.cleaned_data["comment"]
+            if decision == "approve":
+                record = services.rollback_request_approve(
+                    request=rollback, approver=_operator(request), comment=comment
+                )
+                return f"Rolled {rollback.workspace} back to {record.profile_version}."
+            services.rollback_request_reject(
+                request=rollback, approver=_operator(request), comment=comment
+            )
+            return f"Rejected the rollback of {rollback.workspace}."
 
-                def decide(rollback: RollbackRequest) -> str:
-                    if decision == "approve":
-                        record = services.rollback_request_approve(
-                            request=rollback, approver=_operator(request), comment=comment
-                        )
-                        return f"Rolled {rollback.workspace} back to {record.profile_version}."
-                    services.rollback_request_reject(
-                        request=rollback, approver=_operator(request), comment=comment
-                    )
-                    return f"Rejected the rollback of {rollback.workspace}."
-
-                _run_per_object(self, request, queryset, decide)
-                return None
-        else:
-            form = RollbackDecisionForm(decision=decision)
         title = f"{decision.capitalize()} rollback requests"
-        return _decision_form_page(self, request, queryset, form, title, f"{decision}_rollbacks")
+        return _decision_action(
+            self,
+            request,
+            queryset,
+            form_class=RollbackDecisionForm,
+            decision=decision,
+            decide=decide,
+            title=title,
+            action=f"{decision}_rollbacks",
+        )
 
     @admin.action(
         description="Approve selected rollbacks (activates the target)", permissions=["approve"]
