@@ -78,11 +78,8 @@ def profile_diff_html(old: ProfileVersion | None, new_document: Any, new_label: 
     return format_html('<pre class="profile-diff">{}</pre>', body)
 
 
-class ReadOnlyAdminMixin:
-    """Audit rows: viewable, never added, changed or deleted from the admin."""
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+class NoEditAdminMixin:
+    """Rows that only services write: viewable, never changed or deleted from the admin."""
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -94,6 +91,13 @@ class ReadOnlyAdminMixin:
         actions = super().get_actions(request)  # type: ignore[misc]
         actions.pop("delete_selected", None)
         return actions
+
+
+class ReadOnlyAdminMixin(NoEditAdminMixin):
+    """Audit rows: viewable, never added, changed or deleted from the admin."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 class WorkflowPermissionsMixin:
@@ -193,7 +197,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
 
 
 @admin.register(ProfileVersion)
-class ProfileVersionAdmin(WorkflowPermissionsMixin, admin.ModelAdmin):
+class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.ModelAdmin):
     list_display = (
         "profile_version",
         "workspace",
@@ -221,17 +225,6 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProfileVersion]:
         return selectors.profile_version_queryset()
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
-        actions.pop("delete_selected", None)
-        return actions
 
     @admin.display(description="status")
     def status(self, obj: ProfileVersion) -> str:

@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from admission.admin import NoEditAdminMixin, ReadOnlyAdminMixin
 from evaluator import services
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
 from evaluator.models import EvaluationRun, LoadRun, Receipt
@@ -27,25 +28,38 @@ def _pretty(document: Any) -> SafeString:
     return format_html('<pre style="max-height: 40em; overflow: auto">{}</pre>', text)
 
 
-class RunAdminMixin:
+def _run_form_page(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    form: Any,
+    title: str,
+    submit_label: str,
+    intro: str,
+) -> TemplateResponse:
+    """The page that starts a run: the form, its submit label and a line of explanation."""
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": title,
+        "form": form,
+        "submit_label": submit_label,
+        "intro": intro,
+    }
+    return TemplateResponse(request, "admin/evaluator/run_form.html", context)
+
+
+class RunAdminMixin(NoEditAdminMixin):
     """Rows written by workers: viewable, never changed or deleted by hand."""
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)  # type: ignore[misc]
-        actions.pop("delete_selected", None)
-        return actions
 
     @admin.display(description="duration")
     def duration(self, obj: EvaluationRun | LoadRun) -> str:
         if obj.started_at is None or obj.finished_at is None:
             return "—"
         return f"{(obj.finished_at - obj.started_at).total_seconds():.2f} s"
+
+    @admin.display(description="error")
+    def error_pretty(self, obj: EvaluationRun | LoadRun) -> SafeString:
+        return _pretty(obj.error)
 
 
 @admin.register(EvaluationRun)
@@ -96,10 +110,6 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
     @admin.display(description="run")
     def short_id(self, obj: EvaluationRun) -> str:
         return str(obj.pk)[:8]
-
-    @admin.display(description="error")
-    def error_pretty(self, obj: EvaluationRun) -> SafeString:
-        return _pretty(obj.error)
 
     @admin.display(description="result")
     def result_pretty(self, obj: EvaluationRun) -> SafeString:
@@ -183,26 +193,14 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
                     )
         else:
             form = EvaluationSubmitForm(user=request.user)
-        return self._form_page(
+        return _run_form_page(
+            self,
             request,
             form,
             "Submit an evaluation",
             "Submit evaluation",
             "You are the principal; limits come from the workspace's active profile.",
         )
-
-    def _form_page(
-        self, request: HttpRequest, form: Any, title: str, submit_label: str, intro: str
-    ) -> TemplateResponse:
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": title,
-            "form": form,
-            "submit_label": submit_label,
-            "intro": intro,
-        }
-        return TemplateResponse(request, "admin/evaluator/run_form.html", context)
 
 
 @admin.register(LoadRun)
@@ -243,10 +241,6 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_staff and request.user.has_perm(services.LOAD_RUN_PERMISSION))
-
-    @admin.display(description="error")
-    def error_pretty(self, obj: LoadRun) -> SafeString:
-        return _pretty(obj.error)
 
     @admin.display(description="decision-load-result/v1")
     def record_pretty(self, obj: LoadRun) -> SafeString:
@@ -298,16 +292,15 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
                     )
         else:
             form = LoadRunStartForm()
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": "Start a load run",
-            "form": form,
-            "submit_label": "Start load run",
-            "intro": "The manifest's arrivals are released on virtual time; the record is "
+        return _run_form_page(
+            self,
+            request,
+            form,
+            "Start a load run",
+            "Start load run",
+            "The manifest's arrivals are released on virtual time; the record is "
             "digest-bound and shown here when the worker finishes.",
-        }
-        return TemplateResponse(request, "admin/evaluator/run_form.html", context)
+        )
 
     @admin.action(description="Run the selected manifests and targets again", permissions=["add"])
     def run_again(self, request: HttpRequest, queryset: QuerySet[LoadRun]) -> None:
@@ -323,7 +316,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Receipt)
-class ReceiptAdmin(RunAdminMixin, admin.ModelAdmin):
+class ReceiptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "invocation_id",
         "workspace_id",
@@ -349,9 +342,6 @@ class ReceiptAdmin(RunAdminMixin, admin.ModelAdmin):
         "document_pretty",
     )
     fields = readonly_fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
     @admin.display(description="receipt v2")
     def document_pretty(self, obj: Receipt) -> SafeString:
