@@ -72,10 +72,15 @@ class WorkspaceViewSet(TypedNotFoundMixin, viewsets.ReadOnlyModelViewSet):
         )
 
 
-class WorkspaceScopedView(generics.GenericAPIView):
-    """Resolves `workspace_key` to a workspace visible to the caller, or answers 404."""
+class WorkspaceScopedMixin:
+    """Resolves `workspace_key` to a workspace visible to the caller, or answers 404.
 
-    workspace_permission = "admission.view_workspace"
+    Visible: one the caller belongs to, or any for staff holding `workspace_permission` (if set).
+    """
+
+    request: Any
+    kwargs: dict[str, Any]
+    workspace_permission: str | None = None
     _workspace: Workspace | None = None
 
     def get_workspace(self) -> Workspace:
@@ -89,6 +94,12 @@ class WorkspaceScopedView(generics.GenericAPIView):
                 raise NotFound("No such workspace.")
             self._workspace = workspace
         return self._workspace
+
+
+class WorkspaceScopedView(WorkspaceScopedMixin, generics.GenericAPIView):
+    """A workspace-scoped API view; subclasses name the permission that lets staff see all."""
+
+    workspace_permission: str | None = "admission.view_workspace"
 
 
 @extend_schema(

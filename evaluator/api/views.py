@@ -19,9 +19,8 @@ from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from admission import selectors as workspace_selectors
 from admission.api.serializers import ErrorSerializer
-from admission.models import Workspace
+from admission.api.views import WorkspaceScopedMixin
 from evaluator import selectors, services
 from evaluator.api.serializers import (
     EvaluationRunSerializer,
@@ -68,27 +67,6 @@ class EvaluationRunFilter(django_filters.FilterSet):
         fields = ("status",)
 
 
-class MemberWorkspaceMixin:
-    """Resolves `workspace_key` among the caller's workspaces, else 404."""
-
-    request: Any
-    kwargs: dict[str, Any]
-    workspace_permission: str | None = None
-    _workspace: Workspace | None = None
-
-    def get_workspace(self) -> Workspace:
-        if self._workspace is None:
-            workspace = workspace_selectors.workspace_get_for_user(
-                user=self.request.user,
-                key=self.kwargs["workspace_key"],
-                permission=self.workspace_permission,
-            )
-            if workspace is None:
-                raise NotFound("No such workspace.")
-            self._workspace = workspace
-        return self._workspace
-
-
 class IsMember(BasePermission):
     """Only members see or run evaluations in a workspace (404 otherwise)."""
 
@@ -116,7 +94,7 @@ def _invalid(error: services.RunServiceError) -> ValidationError:
 
 
 @extend_schema(tags=["evaluations"], parameters=[WORKSPACE_KEY])
-class EvaluationRunListView(MemberWorkspaceMixin, generics.ListAPIView):
+class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
     """The workspace's evaluation runs, newest first; POST submits one for the caller."""
 
     serializer_class = EvaluationRunSummarySerializer
@@ -163,7 +141,7 @@ class EvaluationRunListView(MemberWorkspaceMixin, generics.ListAPIView):
     parameters=[WORKSPACE_KEY, RUN_ID],
     responses={200: EvaluationRunSerializer, 404: NOT_FOUND},
 )
-class EvaluationRunDetailView(MemberWorkspaceMixin, generics.GenericAPIView):
+class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
     """One evaluation run: its status and, once finished, its result and attempts."""
 
     serializer_class = EvaluationRunSerializer
@@ -178,7 +156,7 @@ class EvaluationRunDetailView(MemberWorkspaceMixin, generics.GenericAPIView):
 
 
 @extend_schema(tags=["load runs"], parameters=[WORKSPACE_KEY])
-class LoadRunListView(MemberWorkspaceMixin, generics.ListAPIView):
+class LoadRunListView(WorkspaceScopedMixin, generics.ListAPIView):
     """Load harness runs of the workspace (staff only); POST starts one."""
 
     serializer_class = LoadRunSerializer
@@ -232,7 +210,7 @@ class LoadRunListView(MemberWorkspaceMixin, generics.ListAPIView):
     parameters=[WORKSPACE_KEY, RUN_ID],
     responses={200: LoadRunSerializer, 403: ErrorSerializer, 404: NOT_FOUND},
 )
-class LoadRunDetailView(MemberWorkspaceMixin, generics.GenericAPIView):
+class LoadRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
     """One load run with its decision-load-result/v1 record once it finished."""
 
     serializer_class = LoadRunSerializer
