@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import ClassVar
 
 from django.conf import settings
 from django.db import models
@@ -51,7 +52,34 @@ class Receipt(models.Model):
         return f"receipt {self.invocation_id} ({self.state}, revision {self.revision})"
 
 
-class EvaluationRun(models.Model):
+class WorkerRun(models.Model):
+    """What every run a worker executes keeps: its submitter, task, deliveries, timings, error."""
+
+    TERMINAL: ClassVar[frozenset[str]]
+    status: str
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    submitted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
+    )
+    error = models.JSONField(null=True, blank=True)
+    task_id = models.CharField(max_length=64, blank=True)
+    deliveries = models.PositiveIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        abstract = True
+        ordering = ("-created_at", "-id")
+
+    @property
+    def finished(self) -> bool:
+        return self.status in self.TERMINAL
+
+
+class EvaluationRun(WorkerRun):
     """One evaluation submitted by an authenticated member of a workspace and run by a worker.
 
     ``principal_id`` and ``workspace`` are the trusted identities the host supplied; the request
@@ -70,12 +98,8 @@ class EvaluationRun(models.Model):
 
     TERMINAL = frozenset({"completed", "execution-uncertain", "cancelled", "timeout", "failed"})
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workspace = models.ForeignKey(
         "admission.Workspace", on_delete=models.PROTECT, related_name="evaluation_runs"
-    )
-    submitted_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )
     principal_id = models.CharField(max_length=128)
     invocation_id = models.CharField(max_length=128)
@@ -88,16 +112,8 @@ class EvaluationRun(models.Model):
     profile_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     result = models.JSONField(null=True, blank=True)
     attempts = models.JSONField(default=list, blank=True)
-    error = models.JSONField(null=True, blank=True)
-    task_id = models.CharField(max_length=64, blank=True)
-    deliveries = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
-    class Meta:
-        ordering = ("-created_at", "-id")
+    class Meta(WorkerRun.Meta):
         constraints = [
             # The receipt store keys invocations by workspace; so does the run.
             models.UniqueConstraint(
@@ -112,12 +128,8 @@ class EvaluationRun(models.Model):
     def __str__(self) -> str:
         return f"evaluation {self.id} ({self.status})"
 
-    @property
-    def finished(self) -> bool:
-        return self.status in self.TERMINAL
 
-
-class LoadRun(models.Model):
+class LoadRun(WorkerRun):
     """One run of a preregistered load manifest against a harness target, started by staff.
 
     ``record`` is the digest-bound ``decision-load-result/v1`` record the harness produced.
@@ -131,12 +143,8 @@ class LoadRun(models.Model):
 
     TERMINAL = frozenset({"completed", "failed"})
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     workspace = models.ForeignKey(
         "admission.Workspace", on_delete=models.PROTECT, related_name="load_runs"
-    )
-    submitted_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+"
     )
     manifest_name = models.CharField(max_length=128)
     target = models.CharField(max_length=64)
@@ -144,23 +152,11 @@ class LoadRun(models.Model):
     manifest_digest = models.CharField(max_length=71, blank=True)
     passed = models.BooleanField(null=True, blank=True)
     record = models.JSONField(null=True, blank=True)
-    error = models.JSONField(null=True, blank=True)
-    task_id = models.CharField(max_length=64, blank=True)
-    deliveries = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(auto_now=True)
 
-    class Meta:
-        ordering = ("-created_at", "-id")
+    class Meta(WorkerRun.Meta):
         indexes = [
             models.Index(fields=["workspace", "-created_at", "-id"], name="evaluator_loadrun_ws"),
         ]
 
     def __str__(self) -> str:
         return f"load run {self.manifest_name} → {self.target} ({self.status})"
-
-    @property
-    def finished(self) -> bool:
-        return self.status in self.TERMINAL
