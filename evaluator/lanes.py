@@ -65,13 +65,7 @@ class FairPermits(Generic[Item]):
                     continue
                 if not self._rotation:
                     return
-                lane = self._rotation.popleft()
-                queue = self._lanes[lane]
-                item = queue.popleft()
-                if queue:
-                    self._rotation.append(lane)
-                else:
-                    del self._lanes[lane]
+                item = self._next_in_rotation()
                 self._take()
                 self._start(item)
         finally:
@@ -92,14 +86,7 @@ class FairPermits(Generic[Item]):
                 waiter.set_result(True)
                 return False, None
         if self._rotation:
-            lane = self._rotation.popleft()
-            queue = self._lanes[lane]
-            item = queue.popleft()
-            if queue:
-                self._rotation.append(lane)
-            else:
-                del self._lanes[lane]
-            return True, item
+            return True, self._next_in_rotation()
         self.release()
         return False, None
 
@@ -130,6 +117,17 @@ class FairPermits(Generic[Item]):
         self._lanes.clear()
         self._rotation.clear()
         return items
+
+    def _next_in_rotation(self) -> Item:
+        """Pop the head of the next lane in turn; a lane left empty leaves the rotation."""
+        lane = self._rotation.popleft()
+        queue = self._lanes[lane]
+        item = queue.popleft()
+        if queue:
+            self._rotation.append(lane)
+        else:
+            del self._lanes[lane]
+        return item
 
     def _take(self) -> None:
         self.active += 1
