@@ -19,6 +19,19 @@ MONOSPACE = (
 )
 
 
+def parse_json_object(text: str, what: str) -> dict[str, Any]:
+    """`text` as a JSON object, else a form error naming where the JSON broke or what it was."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise forms.ValidationError(
+            f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+        ) from error
+    if not isinstance(document, dict):
+        raise forms.ValidationError(f"the {what} must be a JSON object")
+    return document
+
+
 def runbook_url() -> str:
     return reverse("admission:runbook", args=[RUNBOOK_ID])
 
@@ -43,16 +56,7 @@ class ProfileProposeForm(forms.Form):
         self.profile: Profile | None = None
 
     def clean_document(self) -> Any:
-        text = self.cleaned_data["document"]
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as error:
-            raise forms.ValidationError(
-                f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
-            ) from error
-        if not isinstance(document, dict):
-            raise forms.ValidationError("the profile document must be a JSON object")
-        return document
+        return parse_json_object(self.cleaned_data["document"], "profile document")
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean() or {}

@@ -8,14 +8,10 @@ from typing import Any
 from django import forms
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
+from admission.forms import MONOSPACE, parse_json_object
 from admission.models import Workspace
 from evaluator import services
 from evaluator.harness.service import LOAD_TARGETS
-
-MONOSPACE = (
-    "font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; "
-    "font-size: 13px; width: 100%; max-width: 60em;"
-)
 
 
 def example_request(decisions: int = 10, *, adapter: str = "fake") -> dict[str, Any]:
@@ -60,15 +56,7 @@ class EvaluationSubmitForm(forms.Form):
             self.initial["workspace"] = members.first()
 
     def clean_document(self) -> Any:
-        try:
-            document = json.loads(self.cleaned_data["document"])
-        except json.JSONDecodeError as error:
-            raise forms.ValidationError(
-                f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
-            ) from error
-        if not isinstance(document, dict):
-            raise forms.ValidationError("the request document must be a JSON object")
-        return document
+        return parse_json_object(self.cleaned_data["document"], "request document")
 
 
 class LoadRunStartForm(forms.Form):
