@@ -30,8 +30,17 @@ class EvaluationSubmitSerializer(serializers.Serializer):
     )
 
 
-class EvaluationRunSummarySerializer(serializers.ModelSerializer):
+# The lifecycle fields every `WorkerRun` shares; no docstring, as the schema would inherit it.
+class WorkerRunSerializer(serializers.ModelSerializer):
     workspaceId = serializers.CharField(source="workspace.key", read_only=True)
+    taskId = serializers.CharField(source="task_id", read_only=True)
+    createdAt = serializers.DateTimeField(source="created_at", read_only=True)
+    startedAt = serializers.DateTimeField(source="started_at", read_only=True, allow_null=True)
+    finishedAt = serializers.DateTimeField(source="finished_at", read_only=True, allow_null=True)
+    error = RunErrorSerializer(read_only=True, allow_null=True)
+
+
+class EvaluationRunSummarySerializer(WorkerRunSerializer):
     principalId = serializers.CharField(source="principal_id", read_only=True)
     invocationId = serializers.CharField(source="invocation_id", read_only=True)
     rulesetId = serializers.CharField(source="ruleset_id", read_only=True)
@@ -40,15 +49,10 @@ class EvaluationRunSummarySerializer(serializers.ModelSerializer):
     profileVersion = serializers.CharField(
         source="profile_version", read_only=True, allow_null=True
     )
-    taskId = serializers.CharField(source="task_id", read_only=True)
-    createdAt = serializers.DateTimeField(source="created_at", read_only=True)
-    startedAt = serializers.DateTimeField(source="started_at", read_only=True, allow_null=True)
-    finishedAt = serializers.DateTimeField(source="finished_at", read_only=True, allow_null=True)
     # Plain strings: drf-spectacular would otherwise merge every `status` enum into one name.
     status = serializers.CharField(
         read_only=True, help_text="queued, running, " + ", ".join(sorted(EvaluationRun.TERMINAL))
     )
-    error = RunErrorSerializer(read_only=True, allow_null=True)
 
     class Meta:
         model = EvaluationRun
@@ -90,8 +94,7 @@ class LoadRunSubmitSerializer(serializers.Serializer):
     target = serializers.CharField(help_text="A load target, e.g. admission-controller.")
 
 
-class LoadRunSerializer(serializers.ModelSerializer):
-    workspaceId = serializers.CharField(source="workspace.key", read_only=True)
+class LoadRunSerializer(WorkerRunSerializer):
     submittedBy = serializers.CharField(source="submitted_by.username", read_only=True)
     manifest = serializers.CharField(source="manifest_name", read_only=True)
     manifestDigest = serializers.CharField(source="manifest_digest", read_only=True)
@@ -99,12 +102,7 @@ class LoadRunSerializer(serializers.ModelSerializer):
     record = serializers.JSONField(
         read_only=True, allow_null=True, help_text="The decision-load-result/v1 record."
     )
-    taskId = serializers.CharField(source="task_id", read_only=True)
-    createdAt = serializers.DateTimeField(source="created_at", read_only=True)
-    startedAt = serializers.DateTimeField(source="started_at", read_only=True, allow_null=True)
-    finishedAt = serializers.DateTimeField(source="finished_at", read_only=True, allow_null=True)
     status = serializers.CharField(read_only=True, help_text="queued, running, completed, failed")
-    error = RunErrorSerializer(read_only=True, allow_null=True)
 
     class Meta:
         model = LoadRun
