@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -355,3 +355,12 @@ class Ruleset:
     def adapter_ids(self) -> frozenset[str]:
         """Every adapter id named by any target of any decision."""
         return frozenset(t.adapter for d in self.decisions for t in d.binding.targets)
+
+    def unknown_adapter_field(self, known: Container[str], where: str = "ruleset") -> str | None:
+        """The path of the first target, in ruleset then binding order, naming no `known` id."""
+        for index, decision in enumerate(self.decisions):
+            for position, target in enumerate(decision.binding.targets):
+                if target.adapter not in known:
+                    slot = "primary" if position == 0 else f"fallbacks[{position - 1}]"
+                    return f"{where}.decisions[{index}].binding.{slot}.adapter"
+        return None

@@ -138,14 +138,9 @@ async def evaluate_decision_ruleset(
 
 
 def _check_adapters(request: DecisionEvaluationRequest, adapters: Mapping[str, Adapter]) -> None:
-    for index, decision in enumerate(request.ruleset.decisions):
-        for position, target in enumerate(decision.binding.targets):
-            if target.adapter not in adapters:
-                where = "primary" if position == 0 else f"fallbacks[{position - 1}]"
-                raise InvalidDefinitionError(
-                    f"ruleset.decisions[{index}].binding.{where}.adapter",
-                    "names no configured adapter",
-                )
+    field = request.ruleset.unknown_adapter_field(adapters)
+    if field is not None:
+        raise InvalidDefinitionError(field, "names no configured adapter")
 
 
 def _controller_for(

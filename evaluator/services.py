@@ -167,14 +167,12 @@ def _parse_request(
         known = adapter_ids()
     except AdapterConfigError as error:
         raise InvalidRunRequest(str(error), field="ruleset") from None
-    for index, decision in enumerate(request.ruleset.decisions):
-        for position, target in enumerate(decision.binding.targets):
-            if target.adapter not in known:
-                where = "primary" if position == 0 else f"fallbacks[{position - 1}]"
-                raise InvalidRunRequest(
-                    f"names no adapter of this deployment (known: {', '.join(sorted(known))})",
-                    field=f"ruleset.decisions[{index}].binding.{where}.adapter",
-                )
+    unknown = request.ruleset.unknown_adapter_field(known)
+    if unknown is not None:
+        raise InvalidRunRequest(
+            f"names no adapter of this deployment (known: {', '.join(sorted(known))})",
+            field=unknown,
+        )
     if selectors.workspace_current_version(workspace=workspace) is None:
         raise InvalidRunRequest(
             "the workspace has no active admission profile; activate one first",
