@@ -35,6 +35,7 @@ bench: install
 	$(BIN)/python benchmarks/evaluator.py
 	$(BIN)/python benchmarks/load_harness.py
 	$(BIN)/python benchmarks/history_api.py
+	$(BIN)/python benchmarks/service.py
 
 evidence: install
 	$(BIN)/python manage.py run_load_harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence

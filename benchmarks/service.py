@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import logging
 import os
 import signal
 import sys
@@ -28,6 +29,8 @@ import django
 
 # The demo profile and the example request live in modules that import models.
 django.setup()
+# Figures only: one log line per polling request would bury them.
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 from config.demo import DEMO_PROFILE  # noqa: E402
 from evaluator.forms import example_request  # noqa: E402
