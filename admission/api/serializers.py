@@ -134,6 +134,49 @@ class ProfileChangeRecordSerializer(serializers.ModelSerializer):
     def get_schema(self, obj: ProfileChangeRecord) -> str:
         return CHANGE_RECORD_SCHEMA
 
+    def to_representation(self, instance: ProfileChangeRecord) -> dict[str, Any]:
+        # History pages hold hundreds of records: built directly, the declared fields above
+        # still describe the schema and a test keeps both representations equal.
+        moment = _TIMESTAMP.to_representation
+        approval = instance.approval
+        rollback = instance.rollback_request
+        return {
+            "id": instance.id,
+            "schema": CHANGE_RECORD_SCHEMA,
+            "workspaceId": str(instance.workspace.key),
+            "kind": str(instance.kind),
+            "previousProfileVersion": (
+                None
+                if instance.previous_profile_version is None
+                else str(instance.previous_profile_version)
+            ),
+            "profileVersion": str(instance.profile_version),
+            "digest": str(instance.digest),
+            "profileDigest": str(instance.profile_digest),
+            "atEpochMs": float(instance.at_epoch_ms),
+            "at": moment(instance.at),
+            "actor": str(instance.actor.username),
+            "approval": None
+            if approval is None
+            else {
+                "decision": str(approval.decision),
+                "approver": str(approval.approver.username),
+                "runbook": str(approval.runbook),
+                "decidedAt": moment(approval.decided_at),
+            },
+            "rollbackRequest": None
+            if rollback is None
+            else {
+                "requestedBy": str(rollback.requested_by.username),
+                "reason": str(rollback.reason),
+                "comment": str(rollback.comment),
+            },
+        }
+
+
+# One stateless field formats every timestamp of a history page the way DRF's fields do.
+_TIMESTAMP = serializers.DateTimeField()
+
 
 class ErrorSerializer(serializers.Serializer):
     """The one error shape of the API (config.api_errors)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Any
 
 import pytest
@@ -257,6 +258,32 @@ def test_CNC_ADMIT_AUDIT_history_serves_the_core_records(
     assert results[0]["kind"] == "rollback"
     assert results[0]["rollbackRequest"]["requestedBy"] == "pat"
     assert results[0]["approval"]["approver"] == "alex"
+
+
+def test_history_records_render_exactly_as_the_declared_fields_do(
+    workspace, proposer, approver, approved
+):
+    from rest_framework import serializers as drf
+
+    from admission.api.serializers import ProfileChangeRecordSerializer
+    from admission.models import ProfileChangeRecord
+
+    v1, v2 = approved("v1"), approved("v2", concurrency=2)
+    services.profile_version_activate(version=v1, actor=approver)
+    services.profile_version_activate(version=v2, actor=approver)
+    request = services.rollback_request_create(
+        workspace=workspace, target=v1, requested_by=proposer, reason="too tight"
+    )
+    services.rollback_request_approve(request=request, approver=approver, comment="ok")
+    records = list(ProfileChangeRecord.objects.filter(workspace=workspace))
+    assert {record.kind for record in records} == {"initial", "change", "rollback"}
+    serializer = ProfileChangeRecordSerializer()
+    for record in records:
+        generic = drf.ModelSerializer.to_representation(serializer, record)
+        assert json.loads(json.dumps(serializer.to_representation(record))) == json.loads(
+            json.dumps(generic)
+        )
+        assert list(serializer.to_representation(record)) == list(generic)
 
 
 def test_history_cursor_pages_cover_every_record_once(workspace, member, seed_history):
