@@ -21,6 +21,17 @@ from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
 from evaluator.models import EvaluationRun, LoadRun, Receipt
 
 
+def _table(headers: tuple[str, ...], rows: Any) -> SafeString | str:
+    """A small escaped HTML table for a read-only admin field; a dash when there are no rows."""
+    rows = list(rows)
+    if not rows:
+        return "—"
+    cells = "".join("<td>{}</td>" for _ in headers)
+    head = format_html_join("", "<th>{}</th>", ((name,) for name in headers))
+    body = format_html_join("", "<tr>" + cells + "</tr>", rows)
+    return format_html("<table><thead><tr>{}</tr></thead><tbody>{}</tbody></table>", head, body)
+
+
 def _pretty(document: Any) -> SafeString:
     if document is None:
         return format_html("<pre>{}</pre>", "—")
@@ -122,17 +133,9 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
     @admin.display(description="outcomes (ruleset order)")
     def outcomes(self, obj: EvaluationRun) -> SafeString | str:
         decisions = (obj.result or {}).get("decisions") or []
-        if not decisions:
-            return "—"
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+        return _table(
+            ("decision", "status", "output"),
             ((d["decisionId"], d["status"], json.dumps(d.get("output"))) for d in decisions),
-        )
-        return format_html(
-            "<table><thead><tr><th>decision</th><th>status</th><th>output</th></tr></thead>"
-            "<tbody>{}</tbody></table>",
-            rows,
         )
 
     @admin.display(description="attempts with admission evidence")
@@ -249,20 +252,12 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
     @admin.display(description="bounds")
     def comparisons(self, obj: LoadRun) -> SafeString | str:
         items = (obj.record or {}).get("comparisons") or []
-        if not items:
-            return "—"
-        rows = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        return _table(
+            ("bound", "observed", "limit", ""),
             (
                 (c["bound"], c["observed"], c["limit"], "pass" if c["pass"] else "FAIL")
                 for c in items
             ),
-        )
-        return format_html(
-            "<table><thead><tr><th>bound</th><th>observed</th><th>limit</th><th></th></tr>"
-            "</thead><tbody>{}</tbody></table>",
-            rows,
         )
 
     def add_view(
