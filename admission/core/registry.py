@@ -129,11 +129,6 @@ class AdmissionRegistry:
         ledger = self._ledgers.get(workspace_id)
         return list(ledger.history) if ledger is not None else []
 
-    def registered_digest(self, workspace_id: str, profile_version: str) -> str | None:
-        """The `profileDigest` registered under this revision label, if any."""
-        ledger = self._ledgers.get(workspace_id)
-        return ledger.digests.get(profile_version) if ledger is not None else None
-
     def on_profile_change(
         self, callback: Callable[[ProfileChangeRecord], Any]
     ) -> Callable[[], None]:
