@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 
 from admission.core import AdmissionRegistry, Profile
-from evaluator.adapters import AdapterCall, FakeAdapter, OpenAIChatAdapter
-from evaluator.invocation import DecisionEvaluationRequest
-from evaluator.scheduler import evaluate_decision_ruleset
+from evaluator.engine.adapters import AdapterCall, FakeAdapter, OpenAIChatAdapter
+from evaluator.engine.invocation import DecisionEvaluationRequest
+from evaluator.engine.scheduler import evaluate_decision_ruleset
 
 WORKSPACE = "bench-workspace"
 PRINCIPAL = "bench-principal"

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 
-from evaluator.adapters import (
+from evaluator.engine.adapters import (
     Adapter,
     AdapterCall,
     AdapterResponse,

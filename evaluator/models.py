@@ -8,7 +8,7 @@ from typing import ClassVar
 from django.conf import settings
 from django.db import models
 
-from evaluator.receipts import RECEIPT_SCHEMA
+from evaluator.engine.receipts import RECEIPT_SCHEMA
 
 
 class Receipt(models.Model):

@@ -13,9 +13,9 @@ from asgiref.sync import sync_to_async
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from evaluator.errors import ReceiptConflictError
+from evaluator.engine.errors import ReceiptConflictError
+from evaluator.engine.receipts import RUNNING, ReceiptKey
 from evaluator.models import Receipt
-from evaluator.receipts import RUNNING, ReceiptKey
 
 __all__ = ["DatabaseReceiptStore"]
 

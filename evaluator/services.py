@@ -27,15 +27,15 @@ from admission import refresh, runtime, selectors
 from admission.core import AdmissionRegistry
 from admission.models import Workspace
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
-from evaluator.errors import InvalidDefinitionError, ReceiptConflictError
+from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
+from evaluator.engine.invocation import DecisionEvaluationRequest
+from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
+from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
 from evaluator.harness.service import LOAD_TARGETS, run_load
-from evaluator.invocation import DecisionEvaluationRequest
 from evaluator.models import EvaluationRun, LoadRun
-from evaluator.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
 from evaluator.receipts_db import DatabaseReceiptStore
-from evaluator.scheduler import evaluate_decision_ruleset
 from evaluator.worker import evaluation_loop
 
 __all__ = [

@@ -19,17 +19,17 @@ from admission.core import (
     CancelSignal,
     Estimate,
 )
-from evaluator.adapters.fake import FakeAdapter, FakeStep
+from evaluator.engine.adapters.fake import FakeAdapter, FakeStep
+from evaluator.engine.invocation import DecisionEvaluationRequest
+from evaluator.engine.outcomes import CANCELLED, SUCCEEDED, TIMEOUT, EvaluationResult
+from evaluator.engine.rulesets import Decision, Ruleset, Target
+from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.harness.arrivals import Arrival
 from evaluator.harness.controller_target import estimate_for
 from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.observed import ObservedAdapter, ObservedRegistry
 from evaluator.harness.replay import WORKSPACE_ID, TimelineDriver
 from evaluator.harness.target import LoadTarget, Progress, TargetRun
-from evaluator.invocation import DecisionEvaluationRequest
-from evaluator.outcomes import CANCELLED, SUCCEEDED, TIMEOUT, EvaluationResult
-from evaluator.rulesets import Decision, Ruleset, Target
-from evaluator.scheduler import evaluate_decision_ruleset
 
 __all__ = ["EVALUATOR_TARGET", "EvaluatorDriver", "run_evaluator_target", "sample_end_ms"]
 

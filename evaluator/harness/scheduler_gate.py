@@ -21,16 +21,16 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from admission.core import AdmissionRegistry, Profile, VirtualTimeLoop
-from evaluator.adapters.fake import FakeAdapter, FakeStep
+from evaluator.engine.adapters.fake import FakeAdapter, FakeStep
+from evaluator.engine.invocation import DecisionEvaluationRequest, SchedulerOptions
+from evaluator.engine.outcomes import EvaluationResult
+from evaluator.engine.outputs import OutputSpec
+from evaluator.engine.rulesets import Binding, Decision, Ruleset, Target
+from evaluator.engine.scheduler import evaluate_decision_ruleset, scheduler_ceiling
 from evaluator.harness.arrivals import Arrival, ArrivalModel, PrincipalWeight, generate_arrivals
 from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.observed import ObservedAdapter, ObservedRegistry
 from evaluator.harness.tally import LoadTally
-from evaluator.invocation import DecisionEvaluationRequest, SchedulerOptions
-from evaluator.outcomes import EvaluationResult
-from evaluator.outputs import OutputSpec
-from evaluator.rulesets import Binding, Decision, Ruleset, Target
-from evaluator.scheduler import evaluate_decision_ruleset, scheduler_ceiling
 
 __all__ = ["GATE_LANES", "SchedulerGateReport", "gate_arrivals", "run_scheduler_gate"]
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from admission.core import AdmissionRegistry, Profile, VirtualTimeLoop
-from evaluator.invocation import DecisionEvaluationRequest
+from evaluator.engine.invocation import DecisionEvaluationRequest
 
 T = TypeVar("T")
 

@@ -13,10 +13,15 @@ from email.utils import format_datetime
 import pytest
 
 from admission.core import AdmissionRegistry
-from evaluator.adapters import AdapterCall, AdapterError, OpenAIChatAdapter, parse_retry_after_ms
-from evaluator.outputs import OutputSpec
-from evaluator.rulesets import Target
-from evaluator.scheduler import evaluate_decision_ruleset
+from evaluator.engine.adapters import (
+    AdapterCall,
+    AdapterError,
+    OpenAIChatAdapter,
+    parse_retry_after_ms,
+)
+from evaluator.engine.outputs import OutputSpec
+from evaluator.engine.rulesets import Target
+from evaluator.engine.scheduler import evaluate_decision_ruleset
 from tests.evaluator.builders import decision_doc, profile, request
 from tests.evaluator.loopback import LoopbackServer, Reply
 

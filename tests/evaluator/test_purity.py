@@ -6,15 +6,15 @@ import subprocess
 import sys
 
 ENGINE = [
-    "evaluator.scheduler",
-    "evaluator.attempts",
-    "evaluator.lanes",
-    "evaluator.rulesets",
-    "evaluator.invocation",
-    "evaluator.outcomes",
-    "evaluator.receipts",
-    "evaluator.telemetry",
-    "evaluator.adapters",
+    "evaluator.engine.scheduler",
+    "evaluator.engine.attempts",
+    "evaluator.engine.lanes",
+    "evaluator.engine.rulesets",
+    "evaluator.engine.invocation",
+    "evaluator.engine.outcomes",
+    "evaluator.engine.receipts",
+    "evaluator.engine.telemetry",
+    "evaluator.engine.adapters",
 ]
 
 

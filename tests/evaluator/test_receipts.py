@@ -7,10 +7,10 @@ import asyncio
 import pytest
 
 from admission.core import AdmissionRequest, CancelSignal, Estimate
-from evaluator.adapters import FakeAdapter, FakeStep
-from evaluator.estimates import default_estimate
-from evaluator.receipts import InMemoryReceiptStore, ReceiptKey
-from evaluator.scheduler import evaluate_decision_ruleset
+from evaluator.engine.adapters import FakeAdapter, FakeStep
+from evaluator.engine.estimates import default_estimate
+from evaluator.engine.receipts import InMemoryReceiptStore, ReceiptKey
+from evaluator.engine.scheduler import evaluate_decision_ruleset
 from tests.evaluator.builders import (
     PRINCIPAL,
     WORKSPACE,
@@ -396,7 +396,7 @@ def test_CNC_ADMIT_RECEIPT_003_target_timeout_while_queued_is_a_timeout(store_fa
 
 
 def test_receipt_of_another_ruleset_is_refused_before_any_call(store_factory):
-    from evaluator.errors import InvalidDefinitionError
+    from evaluator.engine.errors import InvalidDefinitionError
 
     async def main(loop):
         registry = registry_with(loop, profile())

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from evaluator.errors import InvalidDefinitionError
-from evaluator.invocation import DecisionEvaluationRequest, SchedulerOptions
-from evaluator.outputs import InvalidOutputError, OutputSpec
-from evaluator.rulesets import RetryPolicy, Ruleset
+from evaluator.engine.errors import InvalidDefinitionError
+from evaluator.engine.invocation import DecisionEvaluationRequest, SchedulerOptions
+from evaluator.engine.outputs import InvalidOutputError, OutputSpec
+from evaluator.engine.rulesets import RetryPolicy, Ruleset
 from tests.evaluator.builders import PRINCIPAL, WORKSPACE, decision_doc, profile_doc, ruleset_doc
 
 

@@ -7,9 +7,9 @@ import itertools
 import pytest
 
 from admission.core import CancelSignal
-from evaluator.adapters import FakeAdapter, FakeStep
-from evaluator.receipts import InMemoryReceiptStore
-from evaluator.scheduler import evaluate_decision_ruleset
+from evaluator.engine.adapters import FakeAdapter, FakeStep
+from evaluator.engine.receipts import InMemoryReceiptStore
+from evaluator.engine.scheduler import evaluate_decision_ruleset
 from tests.evaluator.builders import (
     PRINCIPAL,
     decision_doc,

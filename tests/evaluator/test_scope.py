@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from evaluator.adapters import FakeAdapter, FakeStep
-from evaluator.errors import InvalidDefinitionError
-from evaluator.scheduler import evaluate_decision_ruleset
+from evaluator.engine.adapters import FakeAdapter, FakeStep
+from evaluator.engine.errors import InvalidDefinitionError
+from evaluator.engine.scheduler import evaluate_decision_ruleset
 from tests.evaluator.builders import (
     WORKSPACE,
     profile_doc,

@@ -6,8 +6,8 @@ import asyncio
 import threading
 
 from admission.core import AdmissionRegistry
-from evaluator.adapters import OpenAIChatAdapter
-from evaluator.scheduler import evaluate_decision_ruleset
+from evaluator.engine.adapters import OpenAIChatAdapter
+from evaluator.engine.scheduler import evaluate_decision_ruleset
 from tests.evaluator.builders import WORKSPACE, decision_doc, profile, request
 from tests.evaluator.loopback import LoopbackServer, Reply
 

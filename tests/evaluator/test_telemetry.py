@@ -13,9 +13,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from admission.core import Profile
-from evaluator.adapters import FakeAdapter, FakeStep
-from evaluator.scheduler import evaluate_decision_ruleset
-from evaluator.telemetry import EvaluatorTelemetry
+from evaluator.engine.adapters import FakeAdapter, FakeStep
+from evaluator.engine.scheduler import evaluate_decision_ruleset
+from evaluator.engine.telemetry import EvaluatorTelemetry
 from tests.evaluator.builders import decision_doc, profile_doc, registry_with, request, run_virtual
 
 WORKSPACE_ID = "ws-secret-tenant-5a9e"

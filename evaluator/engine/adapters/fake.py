@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from evaluator.adapters.base import AdapterCall, AdapterError, AdapterResponse
+from evaluator.engine.adapters.base import AdapterCall, AdapterError, AdapterResponse
 
 __all__ = ["FakeAdapter", "FakeCall", "FakeStep"]
 

@@ -20,13 +20,13 @@ from admission.core import (
     Profile,
     ProfileConflictError,
 )
-from evaluator.adapters.base import Adapter
-from evaluator.attempts import TOTAL_DEADLINE, AttemptContext, is_deadline, run_attempt
-from evaluator.errors import InvalidDefinitionError
-from evaluator.estimates import EstimateFn, default_estimate
-from evaluator.invocation import DecisionEvaluationRequest
-from evaluator.lanes import FairPermits
-from evaluator.outcomes import (
+from evaluator.engine.adapters.base import Adapter
+from evaluator.engine.attempts import TOTAL_DEADLINE, AttemptContext, is_deadline, run_attempt
+from evaluator.engine.errors import InvalidDefinitionError
+from evaluator.engine.estimates import EstimateFn, default_estimate
+from evaluator.engine.invocation import DecisionEvaluationRequest
+from evaluator.engine.lanes import FairPermits
+from evaluator.engine.outcomes import (
     CANCELLED,
     EXECUTION_UNCERTAIN,
     SUCCEEDED,
@@ -35,9 +35,9 @@ from evaluator.outcomes import (
     DecisionOutcome,
     EvaluationResult,
 )
-from evaluator.receipts import RUNNING, ReceiptJournal, ReceiptKey, ReceiptStore
-from evaluator.rulesets import prompt_values
-from evaluator.telemetry import EvaluatorTelemetry
+from evaluator.engine.receipts import RUNNING, ReceiptJournal, ReceiptKey, ReceiptStore
+from evaluator.engine.rulesets import prompt_values
+from evaluator.engine.telemetry import EvaluatorTelemetry
 
 __all__ = ["evaluate_decision_ruleset", "next_step", "scheduler_ceiling"]
 

@@ -1,8 +1,8 @@
 """Adapters that answer decisions: a deterministic fake and an OpenAI-compatible HTTP client."""
 
-from evaluator.adapters.base import Adapter, AdapterCall, AdapterError, AdapterResponse
-from evaluator.adapters.fake import FakeAdapter, FakeCall, FakeStep
-from evaluator.adapters.openai_http import OpenAIChatAdapter, parse_retry_after_ms
+from evaluator.engine.adapters.base import Adapter, AdapterCall, AdapterError, AdapterResponse
+from evaluator.engine.adapters.fake import FakeAdapter, FakeCall, FakeStep
+from evaluator.engine.adapters.openai_http import OpenAIChatAdapter, parse_retry_after_ms
 
 __all__ = [
     "Adapter",

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 
 from admission.core import Estimate
-from evaluator.rulesets import Decision, Target
+from evaluator.engine.rulesets import Decision, Target
 
 __all__ = ["EstimateFn", "default_estimate"]
 

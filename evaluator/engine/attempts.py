@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from admission.core import AdmissionController, AdmissionRejected, AdmissionRequest, CancelSignal
-from evaluator.adapters.base import (
+from evaluator.engine.adapters.base import (
     CLIENT_ERROR,
     CONNECT_ERROR,
     MISCONFIGURED,
@@ -24,8 +24,8 @@ from evaluator.adapters.base import (
     AdapterCall,
     AdapterError,
 )
-from evaluator.estimates import EstimateFn
-from evaluator.outcomes import (
+from evaluator.engine.estimates import EstimateFn
+from evaluator.engine.outcomes import (
     ESTIMATE_FAILED,
     EXECUTION_UNCERTAIN,
     INVALID_OUTPUT,
@@ -34,10 +34,10 @@ from evaluator.outcomes import (
     AttemptRecord,
     outcome_for_rejection,
 )
-from evaluator.outputs import InvalidOutputError
-from evaluator.receipts import ReceiptJournal
-from evaluator.rulesets import Decision, Target
-from evaluator.telemetry import EvaluatorTelemetry
+from evaluator.engine.outputs import InvalidOutputError
+from evaluator.engine.receipts import ReceiptJournal
+from evaluator.engine.rulesets import Decision, Target
+from evaluator.engine.telemetry import EvaluatorTelemetry
 
 __all__ = ["TARGET_DEADLINE", "TOTAL_DEADLINE", "AttemptContext", "is_deadline", "run_attempt"]
 

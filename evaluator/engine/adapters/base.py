@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from evaluator.outputs import OutputSpec
-from evaluator.rulesets import Target
+from evaluator.engine.outputs import OutputSpec
+from evaluator.engine.rulesets import Target
 
 __all__ = [
     "ERROR_KINDS",

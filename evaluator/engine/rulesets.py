@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from admission.core.canonical import sha256_digest
-from evaluator import parsing
-from evaluator.errors import InvalidDefinitionError
-from evaluator.outputs import OutputSpec
+from evaluator.engine import parsing
+from evaluator.engine.errors import InvalidDefinitionError
+from evaluator.engine.outputs import OutputSpec
 
 __all__ = ["Binding", "Decision", "RetryPolicy", "Ruleset", "Target", "prompt_values"]
 

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from evaluator import parsing
-from evaluator.errors import InvalidDefinitionError
+from evaluator.engine import parsing
+from evaluator.engine.errors import InvalidDefinitionError
 
 __all__ = ["InvalidOutputError", "OutputSpec"]
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from admission.core import InvalidProfileError, Profile
-from evaluator import parsing
-from evaluator.errors import InvalidDefinitionError
-from evaluator.rulesets import Ruleset
+from evaluator.engine import parsing
+from evaluator.engine.errors import InvalidDefinitionError
+from evaluator.engine.rulesets import Ruleset
 
 __all__ = ["DecisionEvaluationRequest", "SchedulerOptions"]
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from evaluator.errors import InvalidDefinitionError, ReceiptConflictError
-from evaluator.outcomes import EXECUTION_UNCERTAIN, AttemptRecord, DecisionOutcome
+from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
+from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, AttemptRecord, DecisionOutcome
 
 __all__ = [
     "RECEIPT_SCHEMA",

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from admission.core import Clock, SystemClock
-from evaluator.adapters.base import AdapterCall, AdapterError, AdapterResponse
+from evaluator.engine.adapters.base import AdapterCall, AdapterError, AdapterResponse
 
 __all__ = ["OpenAIChatAdapter", "parse_retry_after_ms"]
 
