@@ -17,7 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from admission.core.errors import AdmissionRejected
 from admission.core.evidence import AdmissionEvidence, BreakerTransition, QueueSnapshot
-from admission.core.scopes import EPSILON, Budget, Pair, Scope, TokenBucket
+from admission.core.rules import (
+    EPSILON,
+    budget_reason,
+    compile_gate,
+    gate_fails,
+    static_reason,
+    valid_amount,
+    valid_count,
+)
+from admission.core.scopes import Budget, Pair, Scope, TokenBucket
 
 if TYPE_CHECKING:
     from admission.core.limits import Profile
@@ -37,25 +46,11 @@ DEFAULT_RETRY_BASE_MS = 1_000.0
 TRANSITION_HISTORY = 256
 
 
-def _valid_count(value: Any) -> bool:
-    if type(value) is int:
-        return value >= 0
-    if type(value) is float:
-        return math.isfinite(value) and value >= 0 and value.is_integer()
-    return False
-
-
-def _valid_amount(value: Any) -> bool:
-    kind = type(value)
-    if kind is int:
-        return value >= 0
-    if kind is float:
-        return math.isfinite(value) and value >= 0
-    return False
-
-
 class _Ticket:
     """One acquire call: the request, its judged estimate and, while queued, its place in a lane."""
+
+    # Every dispatch takes one request from each request bucket (see `rules`).
+    requests = 1
 
     __slots__ = (
         "P",
@@ -109,10 +104,10 @@ class _Ticket:
         # Plain non-negative ints (the common case) pass without a call per field.
         for value in (tokens, request_bytes, items, attempts, batch_size, retained_work):
             plain = value is None or (type(value) is int and value >= 0)
-            if not plain and not _valid_count(value):
+            if not plain and not valid_count(value):
                 invalid = True
                 break
-        if cost is not None and not _valid_amount(cost):
+        if cost is not None and not valid_amount(cost):
             invalid = True
         self.invalid = invalid
         if invalid:
@@ -217,13 +212,13 @@ class Lease:
         if success is not None and type(success) is not bool:
             problems.append("success must be True, False or None")
             success = None
-        if retry_after_ms is not None and not _valid_amount(retry_after_ms):
+        if retry_after_ms is not None and not valid_amount(retry_after_ms):
             problems.append("retry_after_ms must be a finite non-negative number")
             retry_after_ms = None
-        if actual_tokens is not None and not _valid_count(actual_tokens):
+        if actual_tokens is not None and not valid_count(actual_tokens):
             problems.append("actual_tokens must be a non-negative integer")
             actual_tokens = None
-        if actual_cost_usd is not None and not _valid_amount(actual_cost_usd):
+        if actual_cost_usd is not None and not valid_amount(actual_cost_usd):
             problems.append("actual_cost_usd must be a finite non-negative number")
             actual_cost_usd = None
         self._controller._release(self, success, retry_after_ms, actual_tokens, actual_cost_usd)
@@ -326,7 +321,7 @@ class AdmissionController:
 
     def coordinate_retry_after(self, provider_id: str, ms: float) -> None:
         """Pause this provider lane for `ms` milliseconds (starts or extends, never shortens)."""
-        if not _valid_amount(ms):
+        if not valid_amount(ms):
             raise ValueError("retry-after milliseconds must be a finite non-negative number")
         owner = self._current()
         scope = owner._provider_scope(provider_id)
@@ -448,130 +443,25 @@ class AdmissionController:
             return "deadline-exceeded"
         if ticket.invalid:
             return "invalid-estimate"
-        scopes = (principal, self._workspace, provider)
         pair = ticket.pair
-        gate = pair.gate if pair.gate_epoch == self._profile_epoch else self._compile_gate(ticket)
-        if self._gate_fails(ticket, gate):
-            return self._ordered_static_reason(ticket, scopes)
+        if pair.gate_epoch != self._profile_epoch:
+            pair.gate = compile_gate((principal.limits, self._workspace.limits, provider.limits))
+            pair.gate_epoch = self._profile_epoch
+        if gate_fails(ticket, pair.gate):
+            limits = (principal.limits, self._workspace.limits, provider.limits)
+            return static_reason(ticket, limits)
         budget_id = request.budget_id
-        for scope in scopes:
+        for scope in (principal, self._workspace, provider):
             if scope.has_budgets:
-                limits = scope.limits
                 used = scope.budgets.get(budget_id)
                 if used is None:
-                    attempts, spent, reserved = 0, 0.0, 0
+                    reason = budget_reason(ticket, scope.limits, 0, 0.0, 0)
                 else:
-                    attempts, spent, reserved = used.attempts, used.cost, used.tokens
-                bound = limits.max_attempts
-                if bound is not None and attempts + ticket.attempts > bound:
-                    return "attempts"
-                money = limits.max_cost_usd
-                if (
-                    money is not None
-                    and ticket.cost is not None
-                    and spent + ticket.cost > money + EPSILON
-                ):
-                    return "cost"
-                bound = limits.max_tokens
-                if (
-                    bound is not None
-                    and ticket.tokens is not None
-                    and reserved + ticket.tokens > bound
-                ):
-                    return "tokens"
-        return None
-
-    def _compile_gate(self, ticket: _Ticket) -> tuple[Any, ...]:
-        """The tightest static bounds of a lane's three scopes under the current profile."""
-        assert ticket.P is not None and ticket.V is not None and ticket.pair is not None
-        limits = (ticket.P.limits, self._workspace.limits, ticket.V.limits)
-
-        def tightest(name: str) -> Any:
-            values = [getattr(item, name) for item in limits if getattr(item, name) is not None]
-            return min(values) if values else None
-
-        gate = (
-            tightest("max_batch_size"),
-            tightest("max_request_bytes"),
-            tightest("max_items"),
-            tightest("max_retained_work"),
-            any(item.max_cost_usd is not None and not item.allow_unknown_cost for item in limits),
-            any(item.max_tokens is not None for item in limits),
-            tightest("tokens_per_second"),
-            any(
-                item.requests_per_minute is not None and item.requests_per_minute <= 0
-                for item in limits
-            ),
-        )
-        ticket.pair.gate = gate
-        ticket.pair.gate_epoch = self._profile_epoch
-        return gate
-
-    @staticmethod
-    def _gate_fails(ticket: _Ticket, gate: tuple[Any, ...]) -> bool:
-        """Whether any static or never-fits check can fail; the ordered scan then says which."""
-        batch, size, items, retained, cost_required, tokens_required, tps, rpm_zero = gate
-        value = ticket.batch_size
-        if batch is not None and value is not None and value > batch:
-            return True
-        value = ticket.request_bytes
-        if size is not None and value is not None and value > size:
-            return True
-        value = ticket.items
-        if items is not None and value is not None and value > items:
-            return True
-        value = ticket.retained_work
-        if retained is not None and (value is None or value > retained):
-            return True
-        if cost_required and ticket.cost is None:
-            return True
-        value = ticket.tokens
-        if value is None:
-            return tokens_required or rpm_zero
-        return (tps is not None and value > tps) or rpm_zero
-
-    def _ordered_static_reason(self, ticket: _Ticket, scopes: tuple[Scope, ...]) -> str | None:
-        for scope in scopes:
-            if scope.has_static:
-                reason = self._static_reason(ticket, scope.limits)
+                    reason = budget_reason(
+                        ticket, scope.limits, used.attempts, used.cost, used.tokens
+                    )
                 if reason is not None:
                     return reason
-        tokens = ticket.tokens
-        for scope in scopes:
-            if scope.never_fits:
-                limits = scope.limits
-                if limits.requests_per_minute is not None and limits.requests_per_minute <= 0:
-                    return "requests-per-minute"
-                tps = limits.tokens_per_second
-                if tps is not None and tokens is not None and tokens > tps:
-                    return "tokens-per-second"
-        return None
-
-    @staticmethod
-    def _static_reason(ticket: _Ticket, limits: Any) -> str | None:
-        bound = limits.max_batch_size
-        if bound is not None and ticket.batch_size is not None and ticket.batch_size > bound:
-            return "batch-size"
-        bound = limits.max_request_bytes
-        if bound is not None and ticket.request_bytes is not None and ticket.request_bytes > bound:
-            return "request-too-large"
-        bound = limits.max_items
-        if bound is not None and ticket.items is not None and ticket.items > bound:
-            return "too-many-items"
-        bound = limits.max_retained_work
-        if bound is not None:
-            if ticket.retained_work is None:
-                return "unknown-retained-work"
-            if ticket.retained_work > bound:
-                return "retained-work"
-        if (
-            limits.max_cost_usd is not None
-            and ticket.cost is None
-            and not limits.allow_unknown_cost
-        ):
-            return "unknown-cost"
-        if limits.max_tokens is not None and ticket.tokens is None:
-            return "unknown-tokens"
         return None
 
     def _dispatch_check(self, ticket: _Ticket, now: float) -> tuple[Any, ...] | None:

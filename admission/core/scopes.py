@@ -6,11 +6,10 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING
 
+from admission.core.rules import EPSILON, Gate, has_budgets
+
 if TYPE_CHECKING:
     from admission.core.limits import BreakerConfig, Limits
-
-# Comparisons of refilled float token levels allow for rounding in the refill arithmetic.
-EPSILON = 1e-9
 
 
 class TokenBucket:
@@ -90,11 +89,9 @@ class Scope:
         "budgets",
         "configured",
         "has_budgets",
-        "has_static",
         "key",
         "kind",
         "limits",
-        "never_fits",
         "pairs",
         "parked",
         "pause_until_ms",
@@ -129,8 +126,6 @@ class Scope:
         self.unused_reserved = 0
         self.limits = limits
         self.has_budgets = False
-        self.has_static = False
-        self.never_fits = False
         # False once a newer profile no longer names this scope; its counters live on.
         self.configured = True
         self.apply(limits, now_ms)
@@ -138,22 +133,8 @@ class Scope:
     def apply(self, limits: Limits, now_ms: float) -> None:
         self.limits = limits
         self.configured = True
-        self.has_budgets = (
-            limits.max_attempts is not None
-            or limits.max_cost_usd is not None
-            or limits.max_tokens is not None
-        )
-        # Which preflight checks can fail in this scope, decided once per profile.
-        self.has_static = (
-            limits.max_batch_size is not None
-            or limits.max_request_bytes is not None
-            or limits.max_items is not None
-            or limits.max_retained_work is not None
-            or (limits.max_cost_usd is not None and not limits.allow_unknown_cost)
-            or limits.max_tokens is not None
-        )
+        self.has_budgets = has_budgets(limits)
         rpm = limits.requests_per_minute
-        self.never_fits = (rpm is not None and rpm <= 0) or limits.tokens_per_second is not None
         if rpm is None:
             self.req_bucket = None
         elif self.req_bucket is None:
@@ -203,8 +184,8 @@ class Pair:
     def __init__(self) -> None:
         self.active = 0
         self.queued = 0
-        # The lane's tightest static bounds, compiled once per profile by the controller.
-        self.gate: tuple[object, ...] = ()
+        # The lane's static rules (`rules.compile_gate`), compiled once per profile.
+        self.gate: Gate = ()
         self.gate_epoch = -1
         # Lanes deferred on this principal's share cap in the provider pool.
         self.parked: dict[object, None] = {}

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from admission.core import AdmissionController, AdmissionRejected, AdmissionRequest, CancelSignal
+from admission.core.rules import count_or_none, valid_amount
 from evaluator.engine.adapters.base import (
     CLIENT_ERROR,
     CONNECT_ERROR,
@@ -201,7 +201,7 @@ async def _dispatch(
                 retry_after_ms = error.retry_after_ms
             elif error.retry_after_ms is not None:
                 pause_ms = error.retry_after_ms
-            tokens = _count(error.total_tokens)
+            tokens = count_or_none(error.total_tokens)
             if error.kind in _NOT_PROCESSED and tokens is None:
                 # Refused or never delivered: the provider used nothing, so nothing stays reserved.
                 tokens, cost = 0, 0.0
@@ -250,7 +250,7 @@ async def _dispatch(
             )
         else:
             success = True
-            tokens = _count(response.total_tokens)
+            tokens = count_or_none(response.total_tokens)
             cost = response.cost_usd
             if cost is None and tokens is not None and target.cost_per_token_usd is not None:
                 cost = tokens * target.cost_per_token_usd
@@ -276,7 +276,7 @@ async def _dispatch(
                 success=success,
                 retry_after_ms=retry_after_ms,
                 actual_tokens=tokens,
-                actual_cost_usd=cost if _amount(cost) else None,
+                actual_cost_usd=cost if valid_amount(cost) else None,
             )
         finally:
             if pause_ms is not None:
@@ -317,11 +317,3 @@ async def _invoke(adapter: Adapter, call: AdapterCall, signal: CancelSignal) -> 
 
 def _error_outcome(error: AdapterError) -> str:
     return "rate-limited" if error.kind == RATE_LIMITED else PROVIDER_ERROR
-
-
-def _count(value: Any) -> int | None:
-    return value if type(value) is int and value >= 0 else None
-
-
-def _amount(value: Any) -> bool:
-    return type(value) in (int, float) and math.isfinite(value) and value >= 0
