@@ -37,10 +37,14 @@ REASONS: frozenset[str] = frozenset(
         "circuit-open",
         "unconfigured-provider",
         "unconfigured-principal",
+        # Deployment-wide admission could not reach its shared state; nothing was consumed.
+        "coordination-unavailable",
     }
 )
 
-RETRYABLE_REASONS: frozenset[str] = frozenset({"queue-full", "queue-timeout"})
+RETRYABLE_REASONS: frozenset[str] = frozenset(
+    {"queue-full", "queue-timeout", "coordination-unavailable"}
+)
 
 
 class InvalidProfileError(ValueError):
@@ -86,9 +90,9 @@ class ProfileConflictError(Exception):
 class AdmissionRejected(Exception):
     """An adapter attempt was refused before it was sent.
 
-    ``reason`` is one of ``REASONS``; ``retryable`` is true exactly for ``queue-full`` and
-    ``queue-timeout``; ``retry_after_ms`` is an optional hint; ``evidence`` is the
-    ``AdmissionEvidence`` of the decision.
+    ``reason`` is one of ``REASONS``; ``retryable`` is true exactly for ``queue-full``,
+    ``queue-timeout`` and ``coordination-unavailable``; ``retry_after_ms`` is an optional hint;
+    ``evidence`` is the ``AdmissionEvidence`` of the decision.
     """
 
     def __init__(self, reason: str, evidence: Any, retry_after_ms: float | None = None) -> None:

@@ -55,12 +55,15 @@ class AdmissionRegistry:
         clock: Clock | None = None,
         max_idle_scopes: int = 1024,
         rng: random.Random | None = None,
+        controller_factory: Callable[[AdmissionRegistry, Profile], Any] | None = None,
     ) -> None:
         if type(max_idle_scopes) is not int or max_idle_scopes < 0:
             raise ValueError("max_idle_scopes must be a non-negative integer")
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.max_idle_scopes = max_idle_scopes
         self.rng = rng if rng is not None else random.Random()
+        # Another kind of controller (deployment-wide admission) plugs in here.
+        self._controller_factory = controller_factory or AdmissionController
         self._controllers: dict[str, AdmissionController] = {}
         self._ledgers: dict[str, _Ledger] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()
@@ -68,11 +71,12 @@ class AdmissionRegistry:
         self._breaker_listeners: list[Callable[[BreakerTransition], Any]] = []
         self._decision_listeners: list[Callable[[DecisionEvent], Any]] = []
 
-    def register(self, profile: Profile) -> AdmissionController:
+    def register(self, profile: Profile, *, sequence: int | None = None) -> AdmissionController:
         """Make `profile` current for its workspace; an earlier revision again is a rollback.
 
-        Raises `ProfileConflictError`, before anything changes, when the revision label is already
-        registered for the workspace with other limits.
+        `sequence` is the host's ledger position of this activation (deployment-wide admission
+        uses it to order revisions across processes). Raises `ProfileConflictError`, before
+        anything changes, when the revision label is already registered with other limits.
         """
         workspace_id = profile.workspace_id
         ledger = self._ledgers.get(workspace_id)
@@ -85,7 +89,10 @@ class AdmissionRegistry:
             )
         self._ledgers[workspace_id] = ledger
         if ledger.current == profile.profile_version:
-            return self._controller_for(workspace_id, create=True)  # type: ignore[return-value]
+            current = self._controller_for(workspace_id, create=True)
+            if sequence is not None:
+                self.note_sequence(workspace_id, sequence)
+            return current  # type: ignore[return-value]
         if ledger.current is None:
             kind = "initial"
         elif known is not None:
@@ -114,7 +121,17 @@ class AdmissionRegistry:
         for callback in list(self._profile_listeners):
             self._call(callback, record)
         assert controller is not None
+        if sequence is not None:
+            self.note_sequence(workspace_id, sequence)
         return controller
+
+    def note_sequence(self, workspace_id: str, sequence: int) -> None:
+        """The host's ledger position of the workspace's current revision (a no-op for
+        in-process controllers)."""
+        controller = self._controller_for(workspace_id, create=True)
+        note = getattr(controller, "_note_sequence", None)
+        if note is not None:
+            note(sequence)
 
     def controller(self, workspace_id: str) -> AdmissionController | None:
         """The workspace's controller, or None when no profile was ever registered for it."""
@@ -185,7 +202,7 @@ class AdmissionRegistry:
         ledger = self._ledgers.get(workspace_id)
         if ledger is None or ledger.profile is None:
             return None
-        controller = AdmissionController(self, ledger.profile)
+        controller = self._controller_factory(self, ledger.profile)
         self._controllers[workspace_id] = controller
         return controller
 

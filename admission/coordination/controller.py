@@ -1,0 +1,800 @@
+"""A workspace's admission controller whose shared checks are decided in Redis.
+
+It has the public API of `admission.core.AdmissionController`. What needs no shared state stays
+local and costs no round trip: the signal, configured principal and provider, the deadline, the
+estimate's validity, static bounds and never-fit requests. Everything about capacity the
+deployment shares (permits with reservations and share caps, buckets, invocation budgets, the
+Retry-After pause, the breaker) is decided by one script call, on Redis time. A request that must
+wait is queued in Redis in its lane; the caller's coroutine waits here for the grant that the
+process's listener receives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+import math
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from admission.coordination.coordinator import CoordinationUnavailable
+from admission.coordination.settings import DEGRADED
+from admission.core.controller import _Ticket
+from admission.core.errors import AdmissionRejected
+from admission.core.evidence import AdmissionEvidence, BreakerTransition, QueueSnapshot
+from admission.core.limits import Limits, Profile
+from admission.core.rules import static_reason, valid_amount, valid_count
+
+if TYPE_CHECKING:
+    from admission.coordination.coordinator import RedisCoordinator
+    from admission.core.registry import AdmissionRegistry
+    from admission.core.request import AdmissionRequest
+
+logger = logging.getLogger(__name__)
+
+COORDINATION_UNAVAILABLE = "coordination-unavailable"
+MAX_RETRY_HINT_MS = 30_000
+DEFAULT_RETRY_BASE_MS = 1_000.0
+TRANSITION_HISTORY = 256
+# Revision mismatches resolved by a refresh before the request is refused.
+STALE_RETRIES = 2
+
+QUEUED, LEAVING, DONE = "queued", "leaving", "done"
+
+
+async def _fired(signal: Any) -> None:
+    await signal
+
+
+def limits_record(limits: Limits) -> dict[str, Any]:
+    """The compact form of one scope's limits that the scripts read."""
+    record: dict[str, Any] = {"c": limits.concurrency}
+    for key, value in (
+        ("rpm", limits.requests_per_minute),
+        ("tps", limits.tokens_per_second),
+        ("ma", limits.max_attempts),
+        ("mc", limits.max_cost_usd),
+        ("mt", limits.max_tokens),
+        ("ql", limits.max_queue_length),
+        ("qw", limits.max_queue_wait_ms),
+        ("sh", limits.max_principal_share),
+        ("rc", limits.reserved_concurrency),
+    ):
+        if value is not None:
+            record[key] = value
+    breaker = limits.circuit_breaker
+    if breaker is not None:
+        record["bk"] = {
+            "ft": breaker.failure_threshold,
+            "om": breaker.open_ms,
+            "hm": breaker.half_open_max_calls,
+        }
+    return record
+
+
+def profile_fields(profile: Profile) -> dict[str, str]:
+    """The profile as the fields of its shared hash."""
+    dumps = functools.partial(__import__("json").dumps, separators=(",", ":"))
+    fields = {"W": dumps(limits_record(profile.workspace))}
+    for provider_id, limits in profile.providers.items():
+        fields[f"V:{provider_id}"] = dumps(limits_record(limits))
+    reserved = {}
+    for principal_id, limits in profile.principals.items():
+        fields[f"P:{principal_id}"] = dumps(limits_record(limits))
+        if limits.reserved_concurrency:
+            reserved[principal_id] = limits.reserved_concurrency
+    if reserved:
+        fields["rsv"] = dumps(reserved)
+    return fields
+
+
+def divided_profile(profile: Profile, processes: int) -> Profile:
+    """The profile with every shared limit split between `processes` processes (degraded mode)."""
+    if processes <= 1:
+        return profile
+
+    def part(limits: Limits) -> Limits:
+        changes: dict[str, Any] = {"concurrency": max(1, limits.concurrency // processes)}
+        for name in ("requests_per_minute", "tokens_per_second"):
+            value = getattr(limits, name)
+            if value is not None:
+                changes[name] = value / processes
+        if limits.max_queue_length is not None:
+            changes["max_queue_length"] = max(1, limits.max_queue_length // processes)
+        if limits.reserved_concurrency is not None:
+            changes["reserved_concurrency"] = (
+                min(changes["concurrency"], limits.reserved_concurrency // processes) or None
+            )
+        return dataclasses.replace(limits, **changes)
+
+    return Profile(
+        profile.workspace_id,
+        f"{profile.profile_version}~1/{processes}",
+        part(profile.workspace),
+        {key: part(value) for key, value in profile.providers.items()},
+        {key: part(value) for key, value in profile.principals.items()},
+    )
+
+
+class CoordinatedLease:
+    """Permission to dispatch one attempt, held in Redis; `release` gives it back exactly once."""
+
+    __slots__ = (
+        "_controller",
+        "_released",
+        "_signal",
+        "budget_id",
+        "cost",
+        "evidence",
+        "id",
+        "principal_id",
+        "provider_id",
+        "tokens",
+        "workspace_id",
+    )
+
+    def __init__(
+        self,
+        controller: CoordinatedController,
+        lease_id: str,
+        ticket: _Ticket,
+        evidence: AdmissionEvidence,
+    ) -> None:
+        request = ticket.request
+        self._controller = controller
+        self._released = False
+        self._signal = request.signal
+        self.id = lease_id
+        self.workspace_id = request.workspace_id
+        self.budget_id = request.budget_id
+        self.principal_id = request.principal_id
+        self.provider_id = request.provider_id
+        self.tokens = ticket.tokens
+        self.cost = ticket.cost
+        self.evidence = evidence
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def as_record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "id": self.id,
+            "pid": self.principal_id,
+            "prov": self.provider_id,
+            "bud": self.budget_id,
+        }
+        if self.tokens is not None:
+            record["tok"] = self.tokens
+        if self.cost is not None:
+            record["cost"] = self.cost
+        return record
+
+    def doubt(self) -> None:
+        """This process can no longer vouch for the permit: stop the call it covers."""
+        if self._signal is not None and not self._signal.cancelled:
+            self._signal.cancel("admission-lease-lost")
+
+    def release(
+        self,
+        success: bool | None = None,
+        retry_after_ms: float | None = None,
+        actual_tokens: int | None = None,
+        actual_cost_usd: float | None = None,
+    ) -> None:
+        """Give the permit back (in the background: the caller never waits on Redis).
+
+        Idempotent; `success=None` is "no outcome". Malformed optional figures are dropped and
+        then reported with `ValueError`, after the permit is on its way back.
+        """
+        if self._released:
+            return
+        self._released = True
+        problems = []
+        if success is not None and type(success) is not bool:
+            problems.append("success must be True, False or None")
+            success = None
+        if retry_after_ms is not None and not valid_amount(retry_after_ms):
+            problems.append("retry_after_ms must be a finite non-negative number")
+            retry_after_ms = None
+        if actual_tokens is not None and not valid_count(actual_tokens):
+            problems.append("actual_tokens must be a non-negative integer")
+            actual_tokens = None
+        if actual_cost_usd is not None and not valid_amount(actual_cost_usd):
+            problems.append("actual_cost_usd must be a finite non-negative number")
+            actual_cost_usd = None
+        self._controller._release(self, success, retry_after_ms, actual_tokens, actual_cost_usd)
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+class Waiter:
+    """A request of this process that waits in a lane in Redis."""
+
+    __slots__ = ("controller", "future", "id", "state", "ticket", "timer", "unsubscribe")
+
+    def __init__(
+        self, controller: CoordinatedController, waiter_id: str, ticket: _Ticket, future: Any
+    ) -> None:
+        self.controller = controller
+        self.id = waiter_id
+        self.ticket = ticket
+        self.future: asyncio.Future[CoordinatedLease] = future
+        self.state = QUEUED
+        self.timer: asyncio.TimerHandle | None = None
+        self.unsubscribe: Any = None
+
+
+class CoordinatedController:
+    """Admission for one workspace, deployment-wide: see the module docstring."""
+
+    def __init__(
+        self, registry: AdmissionRegistry, profile: Profile, coordinator: RedisCoordinator
+    ) -> None:
+        self._registry = registry
+        self._clock = registry.clock
+        self._coordinator = coordinator
+        self.workspace_id = profile.workspace_id
+        self._profile = profile
+        self._sequence: int | None = None
+        self._installed: tuple[str, int] | None = None
+        self._transitions: deque[BreakerTransition] = deque(maxlen=TRANSITION_HISTORY)
+        self._snapshots: dict[str, QueueSnapshot] = {}
+        self._fallback: Any = None
+        self._evicted = False
+        # Registry bookkeeping (idle eviction) reads these as "anything held here".
+        self._leases: dict[str, CoordinatedLease] = {}
+        self._waiting: dict[str, Waiter] = {}
+        self._writes: set[asyncio.Task[Any]] = set()
+
+    # ----------------------------------------------------------------- public API
+
+    @property
+    def profile(self) -> Profile:
+        return self._profile
+
+    @property
+    def sequence(self) -> int | None:
+        """The ledger position of the current profile, when the host told it."""
+        return self._sequence
+
+    async def acquire(self, request: AdmissionRequest) -> CoordinatedLease | Any:
+        """Admit now, queue fairly across the deployment, or raise `AdmissionRejected`."""
+        if request.workspace_id != self.workspace_id:
+            raise ValueError("request.workspace_id does not match this controller's workspace")
+        now = self._clock.monotonic_ms()
+        ticket = _Ticket(request, now)
+        reason = self._preflight(ticket, now)
+        if reason is not None:
+            self._coordinator.count_local(self.workspace_id, request.provider_id, "reject", reason)
+            raise self._rejection(ticket, reason, {}, now)
+        waiter_id = uuid.uuid4().hex
+        try:
+            result = await self._decide(ticket, waiter_id)
+        except CoordinationUnavailable as error:
+            return await self._unavailable(ticket, error)
+        status = result["st"]
+        if status == "admit":
+            return self._lease(waiter_id, ticket, result)
+        if status == "reject":
+            raise self._rejection(ticket, result["reason"], result, self._clock.monotonic_ms())
+        return await self._wait(waiter_id, ticket, result)
+
+    def snapshot(self, principal_id: str) -> QueueSnapshot:
+        """The principal's deployment-wide active and queued figures as last seen by this
+        process (every decision brings them back); `state()` reads them fresh."""
+        return self._snapshots.get(principal_id, QueueSnapshot(active=0, queued=0))
+
+    async def state(self, principal_id: str = "", minutes: int = 0) -> dict[str, Any]:
+        """What Redis holds for this workspace now (operators' views, tests)."""
+        return await self._coordinator.call("state", self.workspace_id, principal_id, minutes)
+
+    def release_budget(self, budget_id: str) -> None:
+        """Forget exactly this invocation's budgets, deployment-wide (in the background)."""
+        self._coordinator.background(self._forget_budget(budget_id))
+        if self._fallback is not None:
+            self._fallback.release_budget(budget_id)
+
+    def coordinate_retry_after(self, provider_id: str, ms: float) -> None:
+        """Pause this provider lane for every process: starts or extends, never shortens."""
+        if not valid_amount(ms):
+            raise ValueError("retry-after milliseconds must be a finite non-negative number")
+        if provider_id not in self._profile.providers:
+            raise ValueError("provider is not configured in the current profile")
+        self._coordinator.background(self._pause(provider_id, float(ms)))
+
+    def breaker_transitions(self) -> list[BreakerTransition]:
+        """Breaker transitions this process caused or saw, oldest first (bounded)."""
+        return list(self._transitions)
+
+    # ------------------------------------------------------------ registry hooks
+
+    def _current(self) -> CoordinatedController:
+        return self
+
+    def _apply_profile(self, profile: Profile) -> None:
+        """A newer profile is current here: queued work of this process is judged again."""
+        self._profile = profile
+        self._sequence = None
+        if self._fallback is not None:
+            self._fallback = None
+        for waiter in list(self._waiting.values()):
+            now = self._clock.monotonic_ms()
+            reason = self._preflight(waiter.ticket, now)
+            if reason is not None:
+                self._leave(waiter, reason)
+
+    def _note_sequence(self, sequence: int) -> None:
+        """The host says where the current profile stands in its ledger; install it once."""
+        self._sequence = sequence
+        key = (self._profile.profile_version, sequence)
+        if self._installed == key:
+            return
+        try:
+            self._install_sync()
+        except CoordinationUnavailable as error:
+            # Installed later, by the first decision that finds Redis behind.
+            logger.warning("could not install profile %s in Redis: %s", key, error)
+
+    def _is_idle(self, now: float) -> bool:
+        return not self._leases and not self._waiting
+
+    # ---------------------------------------------------------------- preflight
+
+    def _preflight(self, ticket: _Ticket, now: float) -> str | None:
+        request = ticket.request
+        signal = request.signal
+        if signal is not None and signal.cancelled:
+            return "cancelled"
+        profile = self._profile
+        principal = profile.principals.get(request.principal_id)
+        if principal is None:
+            return "unconfigured-principal"
+        provider = profile.providers.get(request.provider_id)
+        if provider is None:
+            return "unconfigured-provider"
+        deadline = request.deadline_ms
+        if deadline is not None and deadline <= now:
+            return "deadline-exceeded"
+        if ticket.invalid:
+            return "invalid-estimate"
+        return static_reason(ticket, (principal, profile.workspace, provider))
+
+    def _dwell_ms(self, request: AdmissionRequest) -> float | None:
+        profile = self._profile
+        bounds = [
+            limits.max_queue_wait_ms
+            for limits in (
+                profile.principals.get(request.principal_id),
+                profile.workspace,
+                profile.providers.get(request.provider_id),
+            )
+            if limits is not None and limits.max_queue_wait_ms is not None
+        ]
+        return min(bounds) if bounds else None
+
+    # ------------------------------------------------------------------ decide
+
+    def _install_args(self) -> list[Any]:
+        import json
+
+        profile = self._profile
+        assert self._sequence is not None
+        return [
+            profile.profile_version,
+            self._sequence,
+            profile.profile_digest,
+            json.dumps(profile_fields(profile), separators=(",", ":")),
+        ]
+
+    def _install_sync(self) -> None:
+        result = self._coordinator.call_sync("install", self.workspace_id, *self._install_args())
+        self._after_install(result)
+
+    async def _install(self) -> None:
+        result = await self._coordinator.call("install", self.workspace_id, *self._install_args())
+        self._after_install(result)
+
+    def _after_install(self, result: dict[str, Any]) -> None:
+        status = result["st"]
+        if status in ("installed", "same"):
+            assert self._sequence is not None
+            self._installed = (self._profile.profile_version, self._sequence)
+        elif status == "conflict":
+            logger.error(
+                "Redis holds revision %s at ledger position %s, not %s: refusing to overwrite",
+                result.get("rev"),
+                result.get("seq"),
+                self._profile.profile_version,
+            )
+
+    async def _decide(self, ticket: _Ticket, waiter_id: str) -> dict[str, Any]:
+        """One acquire script call, after making sure Redis holds this process's revision."""
+        request = ticket.request
+        if self._writes:
+            # This process's own releases land first, so it does not queue behind itself.
+            await asyncio.wait(self._writes, timeout=self._coordinator.settings.timeout_ms / 1000)
+        stale = 0
+        while True:
+            now = self._clock.monotonic_ms()
+            deadline = request.deadline_ms
+            dwell = self._dwell_ms(request)
+            result = await self._call_guarded(
+                "acquire",
+                waiter_id,
+                self._profile.profile_version,
+                waiter_id,
+                request.principal_id,
+                request.provider_id,
+                request.budget_id,
+                "" if ticket.tokens is None else ticket.tokens,
+                "" if ticket.cost is None else repr(ticket.cost),
+                ticket.attempts,
+                "" if dwell is None else repr(float(dwell)),
+                "" if deadline is None else repr(max(0.0, deadline - now)),
+            )
+            status = result["st"]
+            if status in ("admit", "reject", "queued"):
+                return result
+            if status == "recovering":
+                await self._pause_for(ticket, float(result.get("wait", 0)))
+                continue
+            # "noprofile" or "stale": bring the revisions into line, then decide again.
+            stale += 1
+            if stale > STALE_RETRIES:
+                raise CoordinationUnavailable(
+                    f"the shared revision of {self.workspace_id!r} does not match this "
+                    f"process's ({self._profile.profile_version!r}) after a refresh"
+                )
+            theirs = result.get("seq")
+            if self._sequence is not None and (theirs is None or theirs < self._sequence):
+                await self._install()
+            else:
+                await self._coordinator.refresh(self.workspace_id)
+                if self._sequence is not None and self._installed != (
+                    self._profile.profile_version,
+                    self._sequence,
+                ):
+                    await self._install()
+
+    async def _call_guarded(self, name: str, waiter_id: str, *args: Any) -> dict[str, Any]:
+        """A call that may admit or queue: if the caller is cancelled (or the call times out)
+        while it is in flight, whatever it took is handed back once it lands."""
+        call = asyncio.ensure_future(self._coordinator.call(name, self.workspace_id, *args))
+        try:
+            return await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(functools.partial(self._undo_after, waiter_id))
+            raise
+        except CoordinationUnavailable:
+            # It may have run before the connection failed: withdraw it once Redis answers.
+            self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
+            raise
+
+    def _undo_after(self, waiter_id: str, call: asyncio.Future[dict[str, Any]]) -> None:
+        if call.cancelled() or call.exception() is not None:
+            self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
+            return
+        if call.result().get("st") in ("admit", "queued"):
+            self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
+
+    async def _withdraw_eventually(self, waiter_id: str, reason: str) -> None:
+        delay = self._coordinator.settings.heartbeat_ms / 1000.0
+        lease_ttl = self._coordinator.settings.lease_ttl_ms / 1000.0
+        waited = 0.0
+        while waited <= lease_ttl:
+            try:
+                await self._coordinator.call("withdraw", self.workspace_id, waiter_id, reason)
+                return
+            except CoordinationUnavailable:
+                await asyncio.sleep(delay)
+                waited += delay
+
+    async def _pause_for(self, ticket: _Ticket, wait_ms: float) -> None:
+        """Wait while the shared state recovers, but not past the request's deadline or signal."""
+        request = ticket.request
+        wait_s = max(wait_ms, 1.0) / 1000.0
+        if request.deadline_ms is not None:
+            left = (request.deadline_ms - self._clock.monotonic_ms()) / 1000.0
+            if left <= 0:
+                raise self._rejection(ticket, "deadline-exceeded", {}, self._clock.monotonic_ms())
+            wait_s = min(wait_s, left)
+        if request.signal is not None:
+            try:
+                await asyncio.wait_for(_fired(request.signal), timeout=wait_s)
+            except TimeoutError:
+                return
+            raise self._rejection(ticket, "cancelled", {}, self._clock.monotonic_ms())
+        await asyncio.sleep(wait_s)
+
+    async def _unavailable(self, ticket: _Ticket, error: CoordinationUnavailable) -> Any:
+        request = ticket.request
+        coordinator = self._coordinator
+        if coordinator.settings.on_failure == DEGRADED:
+            fallback = self._fallback_controller()
+            logger.warning("admission Redis unavailable (%s): degraded local admission", error)
+            return await fallback.acquire(request)
+        logger.warning("admission Redis unavailable: %s", error)
+        coordinator.count_local(
+            self.workspace_id, request.provider_id, "reject", COORDINATION_UNAVAILABLE
+        )
+        raise self._rejection(
+            ticket, COORDINATION_UNAVAILABLE, {}, self._clock.monotonic_ms(), hint_base=1000.0
+        )
+
+    def _fallback_controller(self) -> Any:
+        """A local controller under each limit divided by the live processes last seen."""
+        from admission.core.registry import AdmissionRegistry
+
+        processes = (
+            self._coordinator.live_processes or self._coordinator.settings.expected_processes
+        )
+        wanted = divided_profile(self._profile, processes)
+        fallback = self._fallback
+        if fallback is None or fallback.profile.profile_version != wanted.profile_version:
+            registry = AdmissionRegistry(clock=self._clock, rng=self._registry.rng)
+            fallback = self._fallback = registry.register(wanted)
+        return fallback
+
+    # -------------------------------------------------------------- decisions
+
+    def _evidence(
+        self, ticket: _Ticket, decision: str, reason: str, result: dict[str, Any], now: float
+    ) -> AdmissionEvidence:
+        transitions = self._note_transitions(result)
+        active = int(result.get("a", 0))
+        queued = int(result.get("q", 0))
+        if "a" in result:
+            self._snapshots[ticket.request.principal_id] = QueueSnapshot(active, queued)
+        return AdmissionEvidence(
+            decision,
+            reason,
+            now - ticket.arrived_ms,
+            active,
+            queued,
+            ticket.tokens,
+            ticket.cost,
+            int(result.get("rp", 0)),
+            str(result.get("bs", "closed")),
+            None,
+            transitions,
+        )
+
+    def _note_transitions(self, result: dict[str, Any]) -> list[BreakerTransition]:
+        records = result.get("tr")
+        if not records:
+            return []
+        transitions = [
+            BreakerTransition(
+                provider_id=str(item["providerId"]),
+                from_state=str(item["from"]),
+                to_state=str(item["to"]),
+                at_epoch_ms=float(item["atEpochMs"]),
+                failures=int(item["failures"]),
+            )
+            for item in records
+        ]
+        for transition in transitions:
+            self._transitions.append(transition)
+            self._registry._emit_breaker_transition(transition)
+        return transitions
+
+    def _lease(self, lease_id: str, ticket: _Ticket, result: dict[str, Any]) -> CoordinatedLease:
+        now = self._clock.monotonic_ms()
+        evidence = self._evidence(ticket, "admit", "admitted", result, now)
+        lease = CoordinatedLease(self, lease_id, ticket, evidence)
+        self._leases[lease_id] = lease
+        self._coordinator.leases[lease_id] = lease
+        if self._registry._decision_listeners:
+            self._registry._emit_decision("admit", "admitted", ticket.request, evidence)
+        return lease
+
+    def _rejection(
+        self,
+        ticket: _Ticket,
+        reason: str,
+        result: dict[str, Any],
+        now: float,
+        *,
+        hint_base: float | None = None,
+    ) -> AdmissionRejected:
+        evidence = self._evidence(ticket, "reject", reason, result, now)
+        hint = None
+        if reason in ("queue-full", "queue-timeout", COORDINATION_UNAVAILABLE):
+            hint = self._retry_hint(ticket, result, hint_base)
+            evidence.retry_after_ms = hint
+        if self._registry._decision_listeners:
+            self._registry._emit_decision("reject", reason, ticket.request, evidence)
+        return AdmissionRejected(reason, evidence, hint)
+
+    def _retry_hint(self, ticket: _Ticket, result: dict[str, Any], base: float | None) -> float:
+        """A jittered hint (0.5x to 1.5x of a base): the shared pause or open breaker when
+        either is in the way, else half the smallest dwell bound, else one second."""
+        if base is None:
+            base = max(float(result.get("pz", 0)), float(result.get("op", 0)))
+        if base <= 0:
+            dwell = self._dwell_ms(ticket.request)
+            base = dwell / 2 if dwell is not None else DEFAULT_RETRY_BASE_MS
+        hint = base * (0.5 + self._registry.rng.random())
+        return float(min(MAX_RETRY_HINT_MS, max(1, round(hint))))
+
+    # ------------------------------------------------------------------ waiting
+
+    async def _wait(
+        self, waiter_id: str, ticket: _Ticket, result: dict[str, Any]
+    ) -> CoordinatedLease:
+        loop = asyncio.get_running_loop()
+        request = ticket.request
+        future: asyncio.Future[CoordinatedLease] = loop.create_future()
+        waiter = Waiter(self, waiter_id, ticket, future)
+        self._waiting[waiter_id] = waiter
+        self._coordinator.waiters[waiter_id] = waiter
+        self._snapshots[request.principal_id] = QueueSnapshot(
+            int(result.get("a", 0)), int(result.get("q", 0)) + 1
+        )
+        reason = result.get("reason")
+        if reason and self._registry._decision_listeners:
+            self._registry._emit_decision("defer", str(reason), request, None)
+        self._arm_expiry(waiter, loop)
+        if request.signal is not None:
+            if request.signal.cancelled:
+                self._leave(waiter, "cancelled")
+            else:
+                waiter.unsubscribe = request.signal.add_callback(
+                    lambda _signal: self._leave(waiter, "cancelled")
+                )
+        wake = result.get("wake")
+        if wake is not None:
+            loop.call_later(max(float(wake), 1.0) / 1000.0, self._on_wake)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                future.result().release(success=None)
+            elif waiter.state == QUEUED:
+                self._leave(waiter, "cancelled", notify=False)
+            raise
+
+    def _arm_expiry(self, waiter: Waiter, loop: asyncio.AbstractEventLoop) -> None:
+        request = waiter.ticket.request
+        dwell = self._dwell_ms(request)
+        dwell_end = waiter.ticket.arrived_ms + dwell if dwell is not None else math.inf
+        deadline = request.deadline_ms
+        if deadline is not None and deadline <= dwell_end:
+            expire, reason = float(deadline), "deadline-exceeded"
+        else:
+            expire, reason = dwell_end, "queue-timeout"
+        if expire != math.inf:
+            delay = max(0.0, expire - self._clock.monotonic_ms()) / 1000.0
+            waiter.timer = loop.call_later(delay, self._leave, waiter, reason)
+
+    def _on_wake(self) -> None:
+        if self._waiting:
+            self._coordinator.background(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            result = await self._coordinator.call("pump", self.workspace_id)
+        except CoordinationUnavailable:
+            return
+        wake = result.get("wake")
+        if wake is not None and self._waiting:
+            asyncio.get_running_loop().call_later(max(float(wake), 1.0) / 1000.0, self._on_wake)
+
+    def _finish(self, waiter: Waiter) -> None:
+        waiter.state = DONE
+        self._waiting.pop(waiter.id, None)
+        self._coordinator.waiters.pop(waiter.id, None)
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None
+        if waiter.unsubscribe is not None:
+            waiter.unsubscribe()
+            waiter.unsubscribe = None
+
+    def _leave(self, waiter: Waiter, reason: str, *, notify: bool = True) -> None:
+        """The waiter gives up (cancelled, deadline, dwell, revalidation): out of its lane in
+        Redis, and its caller is refused with `reason`."""
+        if waiter.state != QUEUED:
+            return
+        waiter.state = LEAVING
+        self._coordinator.background(self._withdraw(waiter, reason, notify))
+
+    async def _withdraw(self, waiter: Waiter, reason: str, notify: bool) -> None:
+        result: dict[str, Any] = {}
+        try:
+            result = await self._coordinator.call("withdraw", self.workspace_id, waiter.id, reason)
+        except CoordinationUnavailable:
+            self._coordinator.background(self._withdraw_eventually(waiter.id, reason))
+        self._finish(waiter)
+        if notify and not waiter.future.done():
+            now = self._clock.monotonic_ms()
+            waiter.future.set_exception(self._rejection(waiter.ticket, reason, result, now))
+
+    def on_message(self, waiter: Waiter, message: dict[str, Any]) -> None:
+        """A grant or a refusal for a waiter of this process, from the listener."""
+        if waiter.state != QUEUED:
+            return  # it is leaving; the withdraw hands a late grant back
+        self._finish(waiter)
+        now = self._clock.monotonic_ms()
+        if message.get("t") == "g":
+            lease = self._lease(waiter.id, waiter.ticket, message)
+            if waiter.future.done():
+                lease.release(success=None)
+            else:
+                waiter.future.set_result(lease)
+        elif not waiter.future.done():
+            reason = str(message.get("reason", "queue-timeout"))
+            waiter.future.set_exception(self._rejection(waiter.ticket, reason, message, now))
+
+    def requeue(self, waiter: Waiter) -> None:
+        """The shared state was lost while this waiter waited: queue it again, same place in
+        this process, same deadline and dwell clock."""
+        if waiter.state != QUEUED:
+            return
+        self._coordinator.background(self._requeue(waiter))
+
+    async def _requeue(self, waiter: Waiter) -> None:
+        try:
+            result = await self._decide(waiter.ticket, waiter.id)
+        except (CoordinationUnavailable, AdmissionRejected):
+            return  # its own expiry timer refuses it in time
+        if waiter.state != QUEUED:
+            return
+        if result["st"] == "admit":
+            self.on_message(waiter, {**result, "t": "g"})
+        elif result["st"] == "reject":
+            self.on_message(waiter, {**result, "t": "r"})
+
+    # ------------------------------------------------------------------ writes
+
+    def _release(
+        self,
+        lease: CoordinatedLease,
+        success: bool | None,
+        retry_after_ms: float | None,
+        actual_tokens: int | None,
+        actual_cost_usd: float | None,
+    ) -> None:
+        self._leases.pop(lease.id, None)
+        self._coordinator.leases.pop(lease.id, None)
+        args = [
+            lease.id,
+            "" if success is None else ("1" if success else "0"),
+            "" if retry_after_ms is None else repr(float(retry_after_ms)),
+            "" if actual_tokens is None else int(actual_tokens),
+            "" if actual_cost_usd is None else repr(float(actual_cost_usd)),
+        ]
+        task = self._coordinator.background(self._write("release", args, lease))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write(self, name: str, args: list[Any], lease: CoordinatedLease | None) -> None:
+        """A write that must land: retried until Redis takes it or the state it was about is
+        gone (the lease lapses after its TTL anyway)."""
+        delay = self._coordinator.settings.heartbeat_ms / 1000.0
+        deadline = self._coordinator.settings.lease_ttl_ms / 1000.0
+        waited = 0.0
+        while True:
+            try:
+                result = await self._coordinator.call(name, self.workspace_id, *args)
+            except CoordinationUnavailable:
+                if waited > deadline:
+                    logger.warning("gave up %s in Redis after %.0f s", name, waited)
+                    return
+                await asyncio.sleep(delay)
+                waited += delay
+                continue
+            transitions = self._note_transitions(result)
+            if lease is not None and transitions:
+                lease.evidence.breaker_transitions.extend(transitions)
+            return
+
+    async def _forget_budget(self, budget_id: str) -> None:
+        await self._write("forget_budget", [budget_id], None)
+
+    async def _pause(self, provider_id: str, ms: float) -> None:
+        await self._write("pause", [provider_id, repr(ms)], None)

@@ -1,0 +1,311 @@
+"""One process's link to the shared admission state in Redis.
+
+The coordinator owns the Redis clients, the process's identity and lease, the heartbeat, the
+listener that receives grants for this process's waiters, and the bookkeeping that lets the
+process put its permits back when Redis lost its state. Controllers (one per workspace, see
+`controller.py`) make their decisions through it, one script call per decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from admission.coordination.scripts import ENTRIES, source
+from admission.coordination.settings import CoordinationSettings
+
+if TYPE_CHECKING:
+    from admission.coordination.controller import CoordinatedController, CoordinatedLease, Waiter
+    from admission.core.limits import Profile
+    from admission.core.registry import AdmissionRegistry
+
+logger = logging.getLogger(__name__)
+
+# How long the grant listener blocks per read; it never polls faster than this when idle.
+LISTEN_BLOCK_SECONDS = 1.0
+# A process that has not renewed its lease for this share of the TTL stops trusting it.
+LEASE_DOUBT_SHARE = 0.8
+
+StaleHandler = Callable[[str], Awaitable[None]]
+
+
+class CoordinationUnavailable(Exception):
+    """Redis did not answer in time or at all; nothing was decided."""
+
+
+class RedisCoordinator:
+    """The process-wide coordinator; `controller` is the registry's controller factory."""
+
+    def __init__(
+        self,
+        settings: CoordinationSettings,
+        *,
+        on_stale: StaleHandler | None = None,
+        process_id: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.process_id = process_id or (
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        )
+        self.on_stale = on_stale
+        self.epoch = ""
+        self.live_processes: int | None = None
+        self.last_renewal = time.monotonic()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._client: aioredis.Redis | None = None
+        self._listen_client: aioredis.Redis | None = None
+        self._scripts: dict[str, Any] = {}
+        self._sync_client: redis.Redis | None = None
+        self._sync_scripts: dict[str, Any] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self._resync_lock: asyncio.Lock | None = None
+        self.waiters: dict[str, Waiter] = {}
+        self.leases: dict[str, CoordinatedLease] = {}
+        self.controllers: dict[str, CoordinatedController] = {}
+        # Decisions made without a round trip, reported with the next heartbeat.
+        self.local_counts: dict[str, Counter[str]] = {}
+        self.round_trips = 0
+        self._closed = False
+
+    # ------------------------------------------------------------------ factory
+
+    def controller(self, registry: AdmissionRegistry, profile: Profile) -> CoordinatedController:
+        from admission.coordination.controller import CoordinatedController
+
+        controller = CoordinatedController(registry, profile, self)
+        self.controllers[profile.workspace_id] = controller
+        return controller
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def _header(self, workspace_id: str) -> list[Any]:
+        s = self.settings
+        return [
+            s.prefix,
+            workspace_id,
+            s.idle_ttl_ms,
+            self.process_id,
+            s.lease_ttl_ms,
+            self.epoch,
+            s.recovery_grace_ms,
+            s.budget_ttl_ms,
+        ]
+
+    def _bind(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        if self._closed:
+            raise RuntimeError("this coordinator was closed")
+        timeout = self.settings.timeout_ms / 1000.0
+        no_retry = Retry(NoBackoff(), 0)
+        self._client = aioredis.Redis.from_url(
+            self.settings.url,
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+            retry=no_retry,
+            health_check_interval=0,
+        )
+        self._listen_client = aioredis.Redis.from_url(
+            self.settings.url,
+            socket_timeout=LISTEN_BLOCK_SECONDS + max(timeout, 1.0),
+            socket_connect_timeout=timeout,
+            retry=no_retry,
+        )
+        self._scripts = {name: self._client.register_script(source(name)) for name in ENTRIES}
+        self._resync_lock = asyncio.Lock()
+        self._loop = loop
+        self._tasks = [
+            loop.create_task(self._heartbeat_loop(), name="sluice-admission-heartbeat"),
+            loop.create_task(self._listen_loop(), name="sluice-admission-grants"),
+        ]
+
+    async def aclose(self) -> None:
+        """Stop the heartbeat and the listener and close the clients (tests, shutdown)."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks = []
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        for client in (self._client, self._listen_client):
+            if client is not None:
+                await client.aclose()
+        self._client = self._listen_client = None
+        if self._sync_client is not None:
+            self._sync_client.close()
+            self._sync_client = None
+        self._loop = None
+
+    def background(self, coroutine: Awaitable[Any]) -> asyncio.Task[Any]:
+        """Run a coroutine on the process loop, kept referenced until it finishes."""
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    async def settle(self) -> None:
+        """Wait for the releases and other writes this process has started."""
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+
+    # -------------------------------------------------------------------- calls
+
+    async def call(self, name: str, workspace_id: str, *args: Any) -> dict[str, Any]:
+        """Run one script; one round trip. Raises `CoordinationUnavailable`."""
+        self._bind()
+        script = self._scripts[name]
+        self.round_trips += 1
+        try:
+            raw = await script(keys=[], args=[*self._header(workspace_id), *args])
+        except (TimeoutError, redis.RedisError, OSError) as error:
+            raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
+        result: dict[str, Any] = json.loads(raw)
+        self.last_renewal = time.monotonic()
+        if result.get("st") == "epoch":
+            await self.resync(str(result["ep"]))
+            return await self.call(name, workspace_id, *args)
+        self._note_epoch(result)
+        return result
+
+    def call_sync(self, name: str, workspace_id: str, *args: Any) -> dict[str, Any]:
+        """Run one script from outside the event loop (profile installs, operator views)."""
+        if self._sync_client is None:
+            timeout = max(self.settings.timeout_ms / 1000.0, 1.0)
+            self._sync_client = redis.Redis.from_url(
+                self.settings.url, socket_timeout=timeout, socket_connect_timeout=timeout
+            )
+            self._sync_scripts = {
+                entry: self._sync_client.register_script(source(entry)) for entry in ENTRIES
+            }
+        header = self._header(workspace_id)
+        # A synchronous caller cannot re-assert permits; it speaks for no epoch.
+        header[5] = ""
+        try:
+            raw = self._sync_scripts[name](keys=[], args=[*header, *args])
+        except (redis.RedisError, OSError) as error:
+            raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
+        result: dict[str, Any] = json.loads(raw)
+        return result
+
+    def _note_epoch(self, result: dict[str, Any]) -> None:
+        epoch = result.get("ep")
+        if epoch and not self.epoch:
+            self.epoch = str(epoch)
+
+    async def resync(self, epoch: str) -> None:
+        """The shared state was lost (or this process was given up for dead): put back the
+        permits this process still holds and queue its waiters again, then go on."""
+        assert self._resync_lock is not None
+        async with self._resync_lock:
+            if epoch == self.epoch:
+                return
+            logger.warning(
+                "admission state in Redis was reset (epoch %s -> %s); re-asserting %d lease(s) "
+                "and %d waiter(s)",
+                self.epoch or "-",
+                epoch,
+                len(self.leases),
+                len(self.waiters),
+            )
+            self.epoch = epoch
+            await self._reassert()
+            for waiter in list(self.waiters.values()):
+                waiter.controller.requeue(waiter)
+
+    async def _reassert(self) -> None:
+        by_workspace: dict[str, list[dict[str, Any]]] = {}
+        for lease in self.leases.values():
+            by_workspace.setdefault(lease.workspace_id, []).append(lease.as_record())
+        for workspace_id, records in by_workspace.items():
+            await self.call("reassert", workspace_id, json.dumps(records))
+
+    # ---------------------------------------------------------------- background
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_ms / 1000.0
+        while True:
+            try:
+                await self._heartbeat()
+            except CoordinationUnavailable as error:
+                self._doubt_leases()
+                logger.debug("admission heartbeat failed: %s", error)
+            except Exception:
+                logger.exception("admission heartbeat failed")
+            await asyncio.sleep(interval)
+
+    async def _heartbeat(self) -> None:
+        counts = {ws: dict(counter) for ws, counter in self.local_counts.items() if counter}
+        self.local_counts = {}
+        try:
+            result = await self.call("heartbeat", "", json.dumps(counts))
+        except CoordinationUnavailable:
+            # Keep what was not reported for the next beat.
+            for ws, counter in counts.items():
+                self.local_counts.setdefault(ws, Counter()).update(counter)
+            raise
+        self.live_processes = int(result.get("live") or 1)
+        if result.get("nb") and self.leases:
+            # This process had been given up for dead (its lease lapsed): its permits were
+            # returned to the pool, so it puts back the ones it still holds.
+            logger.warning("admission lease of this process had lapsed; re-asserting permits")
+            await self._reassert()
+
+    def _doubt_leases(self) -> None:
+        """Without a renewal for most of the lease TTL, stop the calls those permits cover."""
+        silent_ms = (time.monotonic() - self.last_renewal) * 1000.0
+        if silent_ms < self.settings.lease_ttl_ms * LEASE_DOUBT_SHARE:
+            return
+        for lease in list(self.leases.values()):
+            lease.doubt()
+
+    async def _listen_loop(self) -> None:
+        key = f"{self.settings.prefix}:g:{self.process_id}"
+        while True:
+            client = self._listen_client
+            assert client is not None
+            try:
+                item = await client.blpop([key], timeout=LISTEN_BLOCK_SECONDS)
+            except (TimeoutError, redis.RedisError, OSError):
+                await asyncio.sleep(self.settings.heartbeat_ms / 1000.0)
+                continue
+            if item is None:
+                continue
+            try:
+                message = json.loads(item[1])
+                waiter = self.waiters.get(str(message.get("id")))
+                if waiter is not None:
+                    waiter.controller.on_message(waiter, message)
+            except Exception:
+                logger.exception("admission grant could not be handled")
+
+    # ------------------------------------------------------------------- counts
+
+    def count_local(self, workspace_id: str, provider_id: str, decision: str, reason: str) -> None:
+        counter = self.local_counts.get(workspace_id)
+        if counter is None:
+            counter = self.local_counts[workspace_id] = Counter()
+        counter[f"{provider_id}\t{decision}\t{reason}"] += 1
+
+    async def refresh(self, workspace_id: str) -> None:
+        """Ask the host to bring this process's profile of the workspace up to date."""
+        if self.on_stale is not None:
+            await self.on_stale(workspace_id)

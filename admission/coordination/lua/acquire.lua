@@ -1,0 +1,90 @@
+-- Admit now, queue fairly, or refuse. ARGV from 9: revision, request id, principal, provider,
+-- budget id, tokens, cost, attempts, dwell limit (ms), deadline (ms from now).
+local done, epoch, reborn = open_ws(true)
+if done then return done end
+local rev = redis.call('HGET', PROF, 'rev')
+if not rev then return reply({st = 'noprofile', ep = epoch}) end
+if rev ~= ARGV[9] then
+  return reply({st = 'stale', ep = epoch, rev = rev, seq = tonumber(redis.call('HGET', PROF, 'pseq'))})
+end
+reap()
+local w = {
+  id = ARGV[10], pid = ARGV[11], prov = ARGV[12], bud = ARGV[13], proc = PROC,
+  tok = tonumber(ARGV[14]), cost = tonumber(ARGV[15]), att = tonumber(ARGV[16]), arr = NOW,
+}
+local lp, lw, lv = limits('P:' .. w.pid), limits('W'), limits('V:' .. w.prov)
+if not lp then return reply({st = 'reject', reason = 'unconfigured-principal', ep = epoch}) end
+if not lv then return reply({st = 'reject', reason = 'unconfigured-provider', ep = epoch}) end
+local function refuse(reason)
+  count(w.prov, 'reject', reason)
+  local ev = evidence(w)
+  ev.st = 'reject'
+  ev.reason = reason
+  ev.ep = epoch
+  ev.nb = reborn
+  if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
+  return reply(ev)
+end
+local reason = budgets_reason(w, lp, lw, lv)
+if reason then return refuse(reason) end
+local lane = lane_of(w.prov, w.pid)
+local qk = lane_key(lane)
+local verdict, at, hold
+verdict = 'defer'
+if redis.call('LLEN', qk) == 0 then
+  verdict, reason, at, hold = dispatch_check(w, lp, lw, lv)
+  if verdict == 'admit' then
+    local ev = admit(w, lp, lw, lv)
+    count(w.prov, 'admit', 'admitted')
+    count_delay(w.prov, 0)
+    ev.st = 'admit'
+    ev.ep = epoch
+    ev.nb = reborn
+    if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
+    return reply(ev)
+  end
+  if verdict == 'reject' then return refuse(reason) end
+end
+if queue_full(w, lp, lw, lv) then return refuse('queue-full') end
+-- Queued: it expires at its own deadline or dwell limit, whichever comes first.
+local dwell, deadline = tonumber(ARGV[17]), tonumber(ARGV[18])
+if deadline ~= nil and (dwell == nil or deadline <= dwell) then
+  w.exp, w.expr = NOW + deadline, 'deadline-exceeded'
+elseif dwell ~= nil then
+  w.exp, w.expr = NOW + dwell, 'queue-timeout'
+end
+if hold ~= nil and hold.h == nil then
+  hold.h = w.id
+  hold.ht = w.tok or 0
+  touch(hold)
+  w.hold = {hold._key}
+end
+redis.call('HSET', WAITERS, w.id, cjson.encode(w))
+redis.call('RPUSH', qk, w.id)
+if redis.call('ZSCORE', ROT, lane) == false then
+  -- A new lane joins the rotation just ahead of the lane served last.
+  redis.call('ZADD', ROT, rotation_now() - 0.5, lane)
+end
+local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
+local sx = scope(key_x(w.prov, w.pid))
+for _, s in ipairs({sp, sw, sv, sx}) do
+  s.q = s.q + 1
+  touch(s)
+end
+redis.call('SADD', PFX .. ':pw:' .. PROC, WS)
+if at ~= nil then
+  local known = redis.call('ZSCORE', WAKES, WS)
+  if known == false or tonumber(known) > at then
+    redis.call('ZADD', WAKES, string.format('%.17g', at), WS)
+  end
+end
+if reason ~= nil then count(w.prov, 'defer', reason) end
+local ev = evidence(w)
+ev.q = ev.q - 1
+ev.st = 'queued'
+ev.reason = reason
+ev.ep = epoch
+ev.nb = reborn
+if at ~= nil then ev.wake = at - NOW end
+if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
+return reply(ev)

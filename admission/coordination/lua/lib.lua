@@ -1,0 +1,732 @@
+-- Shared state of deployment-wide admission. Every entry script is this library followed by
+-- its own body; Python prepends the library when it loads a script (see scripts.py).
+--
+-- ARGV header, the same for every script:
+--   1 key prefix, 2 workspace id ('' for global scripts), 3 idle TTL of counters (ms),
+--   4 calling process id, 5 process lease TTL (ms), 6 epoch the caller knows ('' if none),
+--   7 recovery grace (ms) after the shared state was created, 8 invocation budget TTL (ms)
+-- Entry-specific arguments start at ARGV[9].
+--
+-- Key layout (one Redis, hash tag per workspace):
+--   P:epoch                  hash  id, ready          the shared state's life; see epoch_check
+--   P:procs                  zset  process -> lease expiry (server ms)
+--   P:pw:<process>           set   workspaces where the process holds leases or waiters
+--   P:g:<process>            list  grants and verdicts for that process's waiters (BLPOP)
+--   P:wk                     zset  workspace -> next time-based wake (server ms)
+--   P:{ws}:prof              hash  rev, pseq, dg, W, V:<provider>, P:<principal>, rsv
+--   P:{ws}:meta              hash  rr (rotation counter)
+--   P:{ws}:s:W | s:P:<id> | s:V:<id> | s:X:<provider>:<principal>
+--                            hash  a (active) q (queued) rl rt (request bucket level, time)
+--                                  tl tt (token bucket) h ht (token holder, its tokens)
+--                                  pz (pause until) bs bf bg bo bp (breaker)
+--   P:{ws}:b:<budget>        hash  invocation budgets per scope and repeat counts
+--   P:{ws}:pr:<provider>     list  retry-pressure events (server ms), 60 s window
+--   P:{ws}:L                 hash  lease id -> lease
+--   P:{ws}:W                 hash  waiter id -> waiter
+--   P:{ws}:q:<lane>          list  waiter ids of one (provider, principal) lane, oldest first
+--   P:{ws}:rot               zset  lane -> rotation position (least recently served first)
+--   P:{ws}:bt                list  breaker transitions, newest first, bounded
+
+local PFX = ARGV[1]
+local IDLE_TTL = tonumber(ARGV[3])
+local PROC = ARGV[4]
+local PROC_TTL = tonumber(ARGV[5])
+local KNOWN_EPOCH = ARGV[6]
+local GRACE = tonumber(ARGV[7])
+local BUDGET_TTL = tonumber(ARGV[8])
+
+local NOW
+do
+  local t = redis.call('TIME')
+  NOW = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+
+local EPS = 1e-9
+local PRESSURE_WINDOW = 60000
+local PRESSURE_CAP = 4096
+local TRANSITION_HISTORY = 256
+local floor, max, min = math.floor, math.max, math.min
+
+local EPOCH_KEY = PFX .. ':epoch'
+local PROCS = PFX .. ':procs'
+local WAKES = PFX .. ':wk'
+
+-- Ids may hold any character: a length prefix keeps composite names unambiguous.
+local function enc(s)
+  return #s .. ':' .. s
+end
+
+local WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS
+local LIM, SC, BUD, ALIVE, RESULT_TRANSITIONS
+
+local FIELDS = {'a', 'q', 'rl', 'rt', 'tl', 'tt', 'h', 'ht', 'pz', 'bs', 'bf', 'bg', 'bo', 'bp'}
+local TEXT = {h = true, bs = true}
+
+local function flush()
+  if SC == nil then return end
+  for key, s in pairs(SC) do
+    if s._dirty then
+      local set, del = {}, {}
+      for _, f in ipairs(FIELDS) do
+        local v = s[f]
+        if v == nil or ((f == 'a' or f == 'q' or f == 'bf' or f == 'bp') and v == 0) then
+          del[#del + 1] = f
+        else
+          set[#set + 1] = f
+          set[#set + 1] = TEXT[f] and v or string.format('%.17g', v)
+        end
+      end
+      if #del > 0 then redis.call('HDEL', key, unpack(del)) end
+      if #set > 0 then
+        redis.call('HSET', key, unpack(set))
+        if s.a > 0 or s.q > 0 or s.h ~= nil then
+          redis.call('PERSIST', key)
+        else
+          redis.call('PEXPIRE', key, IDLE_TTL)
+        end
+      end
+      s._dirty = false
+    end
+  end
+  if BUD ~= nil then
+    for key, b in pairs(BUD) do
+      if b._dirty then
+        local set = {}
+        for f, v in pairs(b) do
+          if f ~= '_dirty' then
+            set[#set + 1] = f
+            set[#set + 1] = string.format('%.17g', v)
+          end
+        end
+        if #set > 0 then
+          redis.call('HSET', key, unpack(set))
+          redis.call('PEXPIRE', key, BUDGET_TTL)
+        end
+        b._dirty = false
+      end
+    end
+  end
+end
+
+local function use_ws(ws)
+  flush()
+  WS = ws
+  BASE = PFX .. ':{' .. ws .. '}:'
+  PROF = BASE .. 'prof'
+  META = BASE .. 'meta'
+  LEASES = BASE .. 'L'
+  WAITERS = BASE .. 'W'
+  ROT = BASE .. 'rot'
+  TRANS = BASE .. 'bt'
+  LIM, SC, BUD = {}, {}, {}
+end
+
+ALIVE = {}
+RESULT_TRANSITIONS = {}
+
+-- ------------------------------------------------------------------ epoch and processes
+
+-- The shared state has a life (an epoch). When Redis loses it (a restart without
+-- persistence), the first script creates a new epoch and admission waits GRACE ms, so that
+-- every live process sees the new epoch and re-asserts the permits it still holds first.
+local function epoch_check()
+  local id = redis.call('HGET', EPOCH_KEY, 'id')
+  local ready
+  if not id then
+    id = PROC .. '@' .. string.format('%.0f', NOW)
+    ready = NOW + GRACE
+    redis.call('HSET', EPOCH_KEY, 'id', id, 'ready', string.format('%.17g', ready))
+  else
+    ready = tonumber(redis.call('HGET', EPOCH_KEY, 'ready')) or 0
+  end
+  return id, ready
+end
+
+local function proc_alive(proc)
+  local alive = ALIVE[proc]
+  if alive == nil then
+    local score = redis.call('ZSCORE', PROCS, proc)
+    alive = score ~= false and score ~= nil and tonumber(score) > NOW
+    ALIVE[proc] = alive
+  end
+  return alive
+end
+
+local function heartbeat()
+  local added = redis.call('ZADD', PROCS, string.format('%.17g', NOW + PROC_TTL), PROC)
+  ALIVE[PROC] = true
+  return added == 1
+end
+
+-- ----------------------------------------------------------------------- state access
+
+local function limits(field)
+  local v = LIM[field]
+  if v == nil then
+    local raw = redis.call('HGET', PROF, field)
+    if raw then v = cjson.decode(raw) else v = false end
+    LIM[field] = v
+  end
+  return v
+end
+
+local function key_w() return BASE .. 's:W' end
+local function key_p(pid) return BASE .. 's:P:' .. pid end
+local function key_v(prov) return BASE .. 's:V:' .. prov end
+local function key_x(prov, pid) return BASE .. 's:X:' .. enc(prov) .. pid end
+local function lane_of(prov, pid) return enc(prov) .. pid end
+local function lane_key(lane) return BASE .. 'q:' .. lane end
+
+local function split_lane(lane)
+  local colon = string.find(lane, ':', 1, true)
+  local n = tonumber(string.sub(lane, 1, colon - 1))
+  return string.sub(lane, colon + 1, colon + n), string.sub(lane, colon + n + 1)
+end
+
+local function scope(key)
+  local s = SC[key]
+  if s == nil then
+    local vals = redis.call('HMGET', key, unpack(FIELDS))
+    s = {_key = key}
+    for i, f in ipairs(FIELDS) do
+      local v = vals[i]
+      if v then
+        if TEXT[f] then s[f] = v else s[f] = tonumber(v) end
+      end
+    end
+    s.a = s.a or 0
+    s.q = s.q or 0
+    SC[key] = s
+  end
+  return s
+end
+
+local function touch(s) s._dirty = true end
+
+local function budget(bud)
+  local key = BASE .. 'b:' .. bud
+  local b = BUD[key]
+  if b == nil then
+    b = {}
+    local flat = redis.call('HGETALL', key)
+    for i = 1, #flat, 2 do b[flat[i]] = tonumber(flat[i + 1]) end
+    BUD[key] = b
+  end
+  return b
+end
+
+local function waiter(wid)
+  local raw = redis.call('HGET', WAITERS, wid)
+  if raw then return cjson.decode(raw) end
+  return nil
+end
+
+-- --------------------------------------------------------------------------- buckets
+
+local function refill(s, p, cap, rate)
+  local lvl = s[p .. 'l']
+  if lvl == nil then return cap end
+  local elapsed = NOW - (s[p .. 't'] or NOW)
+  if elapsed > 0 then lvl = lvl + elapsed * rate end
+  if lvl > cap then lvl = cap end
+  return lvl
+end
+
+local function consume(s, p, cap, rate, amount)
+  local lvl = refill(s, p, cap, rate) - amount
+  if lvl >= cap - EPS then
+    s[p .. 'l'] = nil
+    s[p .. 't'] = nil
+  else
+    s[p .. 'l'] = lvl
+    s[p .. 't'] = NOW
+  end
+  touch(s)
+end
+
+-- ---------------------------------------------------------------- pressure and breaker
+
+local function pressure_key(prov) return BASE .. 'pr:' .. prov end
+
+local function pressure_event(prov)
+  local key = pressure_key(prov)
+  local n = redis.call('RPUSH', key, string.format('%.17g', NOW))
+  if n > PRESSURE_CAP then redis.call('LPOP', key) end
+  redis.call('PEXPIRE', key, PRESSURE_WINDOW)
+end
+
+local function retry_pressure(prov)
+  local key = pressure_key(prov)
+  local horizon = NOW - PRESSURE_WINDOW
+  while true do
+    local first = redis.call('LINDEX', key, 0)
+    if not first or tonumber(first) > horizon then break end
+    redis.call('LPOP', key)
+  end
+  return redis.call('LLEN', key)
+end
+
+local function transition(sv, prov, to)
+  local from = sv.bs or 'closed'
+  sv.bs = to
+  if to == 'open' then
+    sv.bg = (sv.bg or 0) + 1
+    sv.bo = NOW
+    sv.bp = 0
+  elseif to == 'closed' then
+    sv.bf = 0
+    sv.bp = 0
+  end
+  touch(sv)
+  local record = {providerId = prov, from = from, to = to, atEpochMs = NOW, failures = sv.bf or 0}
+  redis.call('LPUSH', TRANS, cjson.encode(record))
+  redis.call('LTRIM', TRANS, 0, TRANSITION_HISTORY - 1)
+  RESULT_TRANSITIONS[#RESULT_TRANSITIONS + 1] = record
+  return record
+end
+
+local function breaker_state(sv)
+  return sv.bs or 'closed'
+end
+
+-- Per-minute counts of decisions by provider, decision and reason (and admitted queue delay
+-- by bucket), kept two hours, for operators' views. They carry no principal id.
+local COUNT_TTL = 7200000
+local DELAY_BOUNDS = {0, 5, 25, 100, 250, 1000, 2500, 10000, 30000}
+
+local function count(prov, decision, reason, n)
+  local key = BASE .. 'ct:' .. string.format('%.0f', floor(NOW / 60000))
+  redis.call('HINCRBY', key, enc(prov) .. decision .. '|' .. reason, n or 1)
+  redis.call('PEXPIRE', key, COUNT_TTL, 'NX')
+end
+
+local function count_delay(prov, delay)
+  local bucket = 'inf'
+  for _, bound in ipairs(DELAY_BOUNDS) do
+    if delay <= bound then
+      bucket = tostring(bound)
+      break
+    end
+  end
+  count(prov, 'delay', bucket)
+end
+
+-- ------------------------------------------------------------------------ the checks
+
+local function unused_reserved(prov)
+  local rsv = limits('rsv')
+  if not rsv then return 0 end
+  local total = 0
+  for pid, reserved in pairs(rsv) do
+    local a
+    if prov == nil then a = scope(key_p(pid)).a else a = scope(key_x(prov, pid)).a end
+    if reserved > a then total = total + reserved - a end
+  end
+  return total
+end
+
+local function budget_field(kind, id) if kind == 'W' then return 'W' end return kind .. enc(id) end
+
+local function budget_reason(b, field, lim, w)
+  if not lim then return nil end
+  local ma, mc, mt = lim.ma, lim.mc, lim.mt
+  if ma == nil and mc == nil and mt == nil then return nil end
+  if ma ~= nil and (b[field .. 'a'] or 0) + w.att > ma then return 'attempts' end
+  if mc ~= nil and w.cost ~= nil and (b[field .. 'c'] or 0) + w.cost > mc + EPS then return 'cost' end
+  if mt ~= nil and w.tok ~= nil and (b[field .. 't'] or 0) + w.tok > mt then return 'tokens' end
+  return nil
+end
+
+-- Invocation budgets of the three scopes; a failure rejects (never defers).
+local function budgets_reason(w, lp, lw, lv)
+  local b = budget(w.bud)
+  return budget_reason(b, budget_field('P', w.pid), lp, w)
+    or budget_reason(b, 'W', lw, w)
+    or budget_reason(b, budget_field('V', w.prov), lv, w)
+end
+
+-- Dispatch checks in order; returns 'admit', or 'reject' + reason, or 'defer' + reason
+-- + optional wake time + optional token bucket scope to hold. Nothing is consumed here.
+local function dispatch_check(w, lp, lw, lv)
+  local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
+  local sx = scope(key_x(w.prov, w.pid))
+  if sp.a >= lp.c or sw.a >= lw.c or sv.a >= lv.c then return 'defer', 'concurrency' end
+  if lw.sh ~= nil and sp.a >= max(1, floor(lw.sh * lw.c)) then return 'defer', 'concurrency' end
+  if lv.sh ~= nil and sx.a >= max(1, floor(lv.sh * lv.c)) then return 'defer', 'concurrency' end
+  local reserved = lp.rc or 0
+  if sp.a >= reserved then
+    local unused = unused_reserved(nil)
+    if unused > 0 and lw.c - sw.a - unused < 1 then return 'defer', 'concurrency' end
+  end
+  if sx.a >= reserved then
+    local unused = unused_reserved(w.prov)
+    if unused > 0 and lv.c - sv.a - unused < 1 then return 'defer', 'concurrency' end
+  end
+  if sv.pz ~= nil and sv.pz > NOW then return 'defer', 'retry-after', sv.pz end
+  local bk = lv.bk
+  if bk ~= nil and sv.bs ~= nil and sv.bs ~= 'closed' then
+    if sv.bs == 'open' then
+      local reopen = (sv.bo or 0) + bk.om
+      if NOW < reopen then return 'defer', 'circuit-open', reopen end
+      transition(sv, w.prov, 'half-open')
+    end
+    if (sv.bp or 0) >= bk.hm then return 'defer', 'circuit-open' end
+  end
+  local reason = budgets_reason(w, lp, lw, lv)
+  if reason then return 'reject', reason end
+  local scopes = {{sp, lp}, {sw, lw}, {sv, lv}}
+  for _, pair in ipairs(scopes) do
+    local s, lim = pair[1], pair[2]
+    local rpm = lim.rpm
+    if rpm ~= nil then
+      local rate = rpm / 60000
+      local lvl = refill(s, 'r', rpm, rate)
+      if lvl < 1 - EPS then return 'defer', 'requests-per-minute', NOW + (1 - lvl) / rate end
+    end
+  end
+  local tok = w.tok or 0
+  for _, pair in ipairs(scopes) do
+    local s, lim = pair[1], pair[2]
+    local tps = lim.tps
+    if tps ~= nil then
+      local need = tok
+      if s.h ~= nil and s.h ~= w.id then
+        if redis.call('HEXISTS', WAITERS, s.h) == 1 then
+          need = need + (s.ht or 0)
+        else
+          s.h, s.ht = nil, nil -- the holder is gone (its process died or the state moved on)
+          touch(s)
+        end
+      end
+      local rate = tps / 1000
+      local lvl = refill(s, 't', tps, rate)
+      if lvl < need - EPS then
+        local wake = nil
+        if need <= tps + EPS and rate > 0 then wake = NOW + (need - lvl) / rate end
+        return 'defer', 'tokens-per-second', wake, s
+      end
+    end
+  end
+  return 'admit'
+end
+
+-- Share caps and queue lengths, for a request that must wait.
+local function queue_full(w, lp, lw, lv)
+  local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
+  local sx = scope(key_x(w.prov, w.pid))
+  if lp.ql ~= nil and sp.q >= lp.ql then return true end
+  if lw.ql ~= nil and sw.q >= lw.ql then return true end
+  if lv.ql ~= nil and sv.q >= lv.ql then return true end
+  if lw.sh ~= nil and lw.ql ~= nil and sp.q >= max(1, floor(lw.sh * lw.ql)) then return true end
+  if lv.sh ~= nil and lv.ql ~= nil and sx.q >= max(1, floor(lv.sh * lv.ql)) then return true end
+  return false
+end
+
+-- ------------------------------------------------------------------- leases and waiters
+
+local function evidence(w)
+  local sp, sv = scope(key_p(w.pid)), scope(key_v(w.prov))
+  local lv = limits('V:' .. w.prov)
+  local ev = {a = sp.a, q = sp.q, bs = breaker_state(sv), rp = retry_pressure(w.prov)}
+  local pause = (sv.pz or 0) - NOW
+  if pause > 0 then ev.pz = pause end
+  if lv and lv.bk ~= nil and sv.bs == 'open' then
+    local left = (sv.bo or 0) + lv.bk.om - NOW
+    if left > 0 then ev.op = left end
+  end
+  return ev
+end
+
+local function release_holds(w)
+  if w.hold == nil then return end
+  for _, key in ipairs(w.hold) do
+    local s = scope(key)
+    if s.h == w.id then
+      s.h, s.ht = nil, nil
+      touch(s)
+    end
+  end
+  w.hold = nil
+end
+
+local function admit(w, lp, lw, lv)
+  local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
+  local sx = scope(key_x(w.prov, w.pid))
+  sp.a = sp.a + 1
+  sw.a = sw.a + 1
+  sv.a = sv.a + 1
+  sx.a = sx.a + 1
+  touch(sp) touch(sw) touch(sv) touch(sx)
+  local b = budget(w.bud)
+  local bkey = BASE .. 'b:' .. w.bud
+  local tok = w.tok or 0
+  for _, item in ipairs({{'P', w.pid, lp, sp}, {'W', nil, lw, sw}, {'V', w.prov, lv, sv}}) do
+    local lim, s = item[3], item[4]
+    if lim.ma ~= nil or lim.mc ~= nil or lim.mt ~= nil then
+      local f = budget_field(item[1], item[2])
+      b[f .. 'a'] = (b[f .. 'a'] or 0) + w.att
+      if w.cost ~= nil then b[f .. 'c'] = (b[f .. 'c'] or 0) + w.cost end
+      b[f .. 't'] = (b[f .. 't'] or 0) + tok
+    end
+    if lim.rpm ~= nil then consume(s, 'r', lim.rpm, lim.rpm / 60000, 1) end
+    if lim.tps ~= nil and tok > 0 then consume(s, 't', lim.tps, lim.tps / 1000, tok) end
+  end
+  local repeats = budget_field('r', w.prov)
+  b[repeats] = (b[repeats] or 0) + 1
+  if b[repeats] > 1 then pressure_event(w.prov) end
+  b._dirty = true
+  BUD[bkey] = b
+  release_holds(w)
+  local probe = 0
+  if lv.bk ~= nil and sv.bs == 'half-open' then
+    sv.bp = (sv.bp or 0) + 1
+    probe = 1
+  end
+  local lease = {
+    proc = w.proc, pid = w.pid, prov = w.prov, bud = w.bud, tok = w.tok, cost = w.cost,
+    gen = sv.bg or 0, probe = probe, at = NOW,
+  }
+  redis.call('HSET', LEASES, w.id, cjson.encode(lease))
+  redis.call('SADD', PFX .. ':pw:' .. w.proc, WS)
+  return evidence(w)
+end
+
+local function dequeue(w)
+  local lane = lane_of(w.prov, w.pid)
+  local qk = lane_key(lane)
+  if redis.call('LINDEX', qk, 0) == w.id then
+    redis.call('LPOP', qk)
+  else
+    redis.call('LREM', qk, 1, w.id)
+  end
+  redis.call('HDEL', WAITERS, w.id)
+  local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
+  local sx = scope(key_x(w.prov, w.pid))
+  for _, s in ipairs({sp, sw, sv, sx}) do
+    s.q = max(0, s.q - 1)
+    touch(s)
+  end
+  release_holds(w)
+  if redis.call('LLEN', qk) == 0 then redis.call('ZREM', ROT, lane) end
+end
+
+local function notify(proc, message)
+  local key = PFX .. ':g:' .. proc
+  redis.call('RPUSH', key, cjson.encode(message))
+  redis.call('PEXPIRE', key, 2 * PROC_TTL)
+end
+
+-- Give back what a lease holds. `success` is true, false or nil (no outcome).
+local function free_lease(id, lease, success, retry_after, actual_tokens, actual_cost)
+  redis.call('HDEL', LEASES, id)
+  local sp, sw, sv = scope(key_p(lease.pid)), scope(key_w()), scope(key_v(lease.prov))
+  local sx = scope(key_x(lease.prov, lease.pid))
+  for _, s in ipairs({sp, sw, sv, sx}) do
+    s.a = max(0, s.a - 1)
+    touch(s)
+  end
+  if actual_tokens ~= nil or actual_cost ~= nil then
+    local key = BASE .. 'b:' .. lease.bud
+    if redis.call('EXISTS', key) == 1 then
+      local b = budget(lease.bud)
+      for _, f in ipairs({budget_field('P', lease.pid), 'W', budget_field('V', lease.prov)}) do
+        if b[f .. 'a'] ~= nil then
+          if actual_tokens ~= nil then
+            b[f .. 't'] = max(0, (b[f .. 't'] or 0) + actual_tokens - (lease.tok or 0))
+          end
+          if actual_cost ~= nil then
+            b[f .. 'c'] = max(0, (b[f .. 'c'] or 0) + actual_cost - (lease.cost or 0))
+          end
+          b._dirty = true
+        end
+      end
+    end
+  end
+  local lv = limits('V:' .. lease.prov)
+  local gen = sv.bg or 0
+  if lease.probe == 1 and lease.gen == gen then
+    sv.bp = max(0, (sv.bp or 0) - 1)
+  end
+  if retry_after ~= nil then
+    local until_ms = NOW + retry_after
+    if until_ms > (sv.pz or 0) then sv.pz = until_ms end
+    pressure_event(lease.prov)
+  elseif success ~= nil and lv and lv.bk ~= nil and lease.gen == gen then
+    if success then
+      sv.bf = 0
+      if sv.bs == 'half-open' then transition(sv, lease.prov, 'closed') end
+    else
+      local state = sv.bs or 'closed'
+      if state == 'half-open' then
+        sv.bf = (sv.bf or 0) + 1
+        transition(sv, lease.prov, 'open')
+      elseif state == 'closed' then
+        sv.bf = (sv.bf or 0) + 1
+        if sv.bf >= lv.bk.ft then transition(sv, lease.prov, 'open') end
+      end
+    end
+  end
+end
+
+local function drop(w, reason)
+  dequeue(w)
+  count(w.prov, 'reject', reason)
+  local ev = evidence(w)
+  ev.t = 'r'
+  ev.id = w.id
+  ev.ws = WS
+  ev.reason = reason
+  notify(w.proc, ev)
+end
+
+-- ---------------------------------------------------------------------------- the pump
+
+local function next_rotation()
+  return redis.call('HINCRBY', META, 'rr', 1)
+end
+
+local function rotation_now()
+  return tonumber(redis.call('HGET', META, 'rr') or '0')
+end
+
+-- Serve lanes least recently served first, head only, until a whole pass admits nobody.
+-- A lane that is served goes to the back; nothing is admitted while the workspace is full.
+local function pump()
+  local lw = limits('W')
+  if not lw then return nil end
+  local wake = nil
+  local progressed = true
+  while progressed do
+    progressed = false
+    local sw = scope(key_w())
+    if sw.a >= lw.c then break end
+    local lanes = redis.call('ZRANGE', ROT, 0, -1)
+    local full = {}
+    for _, lane in ipairs(lanes) do
+      if sw.a >= lw.c then break end
+      local prov, pid = split_lane(lane)
+      if not full[prov] then
+        local qk = lane_key(lane)
+        local serving = true
+        while serving do
+          serving = false
+          local wid = redis.call('LINDEX', qk, 0)
+          if not wid then
+            redis.call('ZREM', ROT, lane)
+          else
+            local w = waiter(wid)
+            local lp, lv = limits('P:' .. pid), limits('V:' .. prov)
+            if w == nil then
+              redis.call('LPOP', qk)
+              serving = true
+            elseif (w.exp ~= nil and w.exp <= NOW) or not proc_alive(w.proc) then
+              drop(w, w.expr or 'queue-timeout')
+              serving = true
+            elseif not lp then
+              drop(w, 'unconfigured-principal')
+              serving = true
+            elseif not lv then
+              drop(w, 'unconfigured-provider')
+              serving = true
+            else
+              RESULT_TRANSITIONS = {}
+              local verdict, reason, at, hold = dispatch_check(w, lp, lw, lv)
+              if verdict == 'admit' then
+                dequeue(w)
+                local ev = admit(w, lp, lw, lv)
+                ev.t = 'g'
+                ev.id = wid
+                count(prov, 'admit', 'admitted')
+                count_delay(prov, NOW - (w.arr or NOW))
+                ev.ws = WS
+                if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
+                notify(w.proc, ev)
+                if redis.call('LLEN', qk) > 0 then
+                  redis.call('ZADD', ROT, next_rotation(), lane)
+                end
+                progressed = true
+              elseif verdict == 'reject' then
+                drop(w, reason)
+                serving = true
+              else
+                if hold ~= nil and hold.h == nil then
+                  hold.h = wid
+                  hold.ht = w.tok or 0
+                  touch(hold)
+                  w.hold = w.hold or {}
+                  w.hold[#w.hold + 1] = hold._key
+                  redis.call('HSET', WAITERS, wid, cjson.encode(w))
+                end
+                if at ~= nil and (wake == nil or at < wake) then wake = at end
+                if reason == 'concurrency' then
+                  local sv = scope(key_v(prov))
+                  if sv.a >= lv.c then full[prov] = true end
+                end
+              end
+            end
+          end
+        end
+      end
+    end
+  end
+  if wake ~= nil then
+    redis.call('ZADD', WAKES, string.format('%.17g', wake), WS)
+  else
+    redis.call('ZREM', WAKES, WS)
+  end
+  return wake
+end
+
+-- Everything a dead process held in one workspace goes back; its waiters leave their lanes.
+local function reclaim_in_ws(dead)
+  local leases = redis.call('HGETALL', LEASES)
+  for i = 1, #leases, 2 do
+    local lease = cjson.decode(leases[i + 1])
+    if lease.proc == dead then free_lease(leases[i], lease, nil, nil, nil, nil) end
+  end
+  local waiters = redis.call('HGETALL', WAITERS)
+  for i = 1, #waiters, 2 do
+    local w = cjson.decode(waiters[i + 1])
+    if w.proc == dead then dequeue(w) end
+  end
+end
+
+-- Reap processes whose lease lapsed (a few per call). Returns to the caller's workspace.
+local function reap()
+  local dead = redis.call('ZRANGEBYSCORE', PROCS, '-inf', string.format('%.17g', NOW), 'LIMIT', 0, 4)
+  if #dead == 0 then return 0 end
+  local home = WS
+  for _, proc in ipairs(dead) do
+    ALIVE[proc] = false
+    local spaces = redis.call('SMEMBERS', PFX .. ':pw:' .. proc)
+    for _, ws in ipairs(spaces) do
+      use_ws(ws)
+      reclaim_in_ws(proc)
+      pump()
+    end
+    redis.call('DEL', PFX .. ':pw:' .. proc, PFX .. ':g:' .. proc)
+    redis.call('ZREM', PROCS, proc)
+  end
+  if home ~= nil then use_ws(home) end
+  return #dead
+end
+
+local function reply(t)
+  flush()
+  return cjson.encode(t)
+end
+
+-- The common opening of a workspace script: epoch, then this process's heartbeat.
+-- Returns nil to go on, or a reply that ends the script.
+local function open_ws(check_ready)
+  local epoch, ready = epoch_check()
+  if KNOWN_EPOCH ~= '' and KNOWN_EPOCH ~= epoch then
+    return reply({st = 'epoch', ep = epoch})
+  end
+  if check_ready and NOW < ready then
+    return reply({st = 'recovering', ep = epoch, wait = ready - NOW})
+  end
+  local reborn = heartbeat()
+  use_ws(ARGV[2])
+  return nil, epoch, reborn
+end

@@ -1,0 +1,22 @@
+-- A waiter leaves (cancelled, deadline, dwell limit, or refused by its owner's revalidation).
+-- If it was granted meanwhile, the grant goes back unused. ARGV from 9: id, reason.
+local done, epoch = open_ws(false)
+if done then return done end
+local id = ARGV[9]
+local w = waiter(id)
+if w ~= nil then
+  dequeue(w)
+  count(w.prov, 'reject', ARGV[10])
+  local ev = evidence(w)
+  pump()
+  ev.st = 'removed'
+  ev.ep = epoch
+  return reply(ev)
+end
+local raw = redis.call('HGET', LEASES, id)
+if raw then
+  free_lease(id, cjson.decode(raw), nil, nil, nil, nil)
+  pump()
+  return reply({st = 'released', ep = epoch})
+end
+return reply({st = 'gone', ep = epoch})
