@@ -2,15 +2,23 @@
 
 The database is the durable ledger of activations; the core registry is this process's copy.
 Before the registry hears of a new activation it replays the workspace's ledger in order, so
-the core's `kind` and `previousProfileVersion` agree with the database in every process.
+the core's `kind` and `previousProfileVersion` agree with the database in every process. Each
+registration carries its ledger row id, which orders revisions across processes when admission
+is coordinated in Redis (`SLUICE_ADMISSION_REDIS_URL`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, transaction
+
+from admission.coordination import CoordinationSettings, RedisCoordinator
 from admission.core import AdmissionRegistry, Profile
 from admission.models import ProfileChangeRecord, ProfileVersion
 
@@ -21,7 +29,40 @@ _lock = threading.RLock()
 _registry: AdmissionRegistry | None = None
 # workspace key -> id of the last ledger row this process's registry has replayed
 _applied: dict[str, int] = {}
-_registry_factory: Callable[[], AdmissionRegistry] = AdmissionRegistry
+
+
+def coordination_settings() -> CoordinationSettings | None:
+    """The deployment's coordinated-admission settings, or None when admission is in-process."""
+    url = settings.SLUICE_ADMISSION_REDIS_URL
+    if not url:
+        return None
+    try:
+        return CoordinationSettings(
+            url=url,
+            prefix=settings.SLUICE_ADMISSION_KEY_PREFIX,
+            lease_ttl_ms=settings.SLUICE_ADMISSION_LEASE_TTL_MS,
+            heartbeat_ms=settings.SLUICE_ADMISSION_HEARTBEAT_MS,
+            recovery_grace_ms=settings.SLUICE_ADMISSION_RECOVERY_GRACE_MS,
+            timeout_ms=settings.SLUICE_ADMISSION_TIMEOUT_MS,
+            idle_ttl_ms=settings.SLUICE_ADMISSION_IDLE_TTL_MS,
+            budget_ttl_ms=settings.SLUICE_ADMISSION_BUDGET_TTL_MS,
+            on_failure=settings.SLUICE_ADMISSION_ON_REDIS_FAILURE,
+            expected_processes=settings.SLUICE_ADMISSION_EXPECTED_WORKERS,
+        )
+    except ValueError as error:
+        raise ImproperlyConfigured(f"SLUICE_ADMISSION_*: {error}") from None
+
+
+def build_registry() -> AdmissionRegistry:
+    """A registry whose controllers are coordinated in Redis when the deployment says so."""
+    coordination = coordination_settings()
+    if coordination is None:
+        return AdmissionRegistry()
+    coordinator = RedisCoordinator(coordination, on_stale=refresh_workspace_async)
+    return AdmissionRegistry(controller_factory=coordinator.controller)
+
+
+_registry_factory: Callable[[], AdmissionRegistry] = build_registry
 
 
 def profile_from_version(version: ProfileVersion) -> Profile:
@@ -62,6 +103,34 @@ def refresh_workspace(workspace_key: str) -> None:
         _replay(registry, workspace_key=workspace_key)
 
 
+async def refresh_workspace_async(workspace_key: str) -> None:
+    """Bring one workspace up to the ledger from the process's event loop: the rows are read
+    in a thread, the registry changes on the loop (whose controllers are not thread-safe)."""
+    registry = get_registry()
+    after = _applied.get(workspace_key, 0)
+    rows = await asyncio.to_thread(_ledger_rows, workspace_key, after)
+    with _lock:
+        for row_id, profile in rows:
+            if row_id > _applied.get(workspace_key, 0):
+                registry.register(profile, sequence=row_id)
+                _applied[workspace_key] = row_id
+        latest = _applied.get(workspace_key)
+    if latest is not None:
+        registry.note_sequence(workspace_key, latest)
+
+
+def _ledger_rows(workspace_key: str, after: int) -> list[tuple[int, Profile]]:
+    try:
+        records = (
+            ProfileChangeRecord.objects.select_related("version__workspace")
+            .filter(workspace__key=workspace_key, id__gt=after)
+            .order_by("id")
+        )
+        return [(record.id, profile_from_version(record.version)) for record in records]
+    finally:
+        connections.close_all()
+
+
 def register_activation(version: ProfileVersion) -> CoreChangeRecord | None:
     """Register `version` after catching up with the ledger; return the core's change record.
 
@@ -88,9 +157,18 @@ def register_activation(version: ProfileVersion) -> CoreChangeRecord | None:
 
 
 def mark_applied(workspace_key: str, change_record_id: int) -> None:
-    """Note that the registry already holds the ledger row just written for this activation."""
+    """Note that the registry already holds the ledger row just written for this activation;
+    with coordinated admission this also makes it the deployment's current revision."""
     with _lock:
         _applied[workspace_key] = max(_applied.get(workspace_key, 0), change_record_id)
+    # Only a committed activation may become the deployment's current revision.
+    transaction.on_commit(lambda: _publish_sequence(workspace_key, change_record_id))
+
+
+def _publish_sequence(workspace_key: str, change_record_id: int) -> None:
+    with _lock:
+        if _registry is not None and _applied.get(workspace_key) == change_record_id:
+            _registry.note_sequence(workspace_key, change_record_id)
 
 
 def _replay(registry: AdmissionRegistry, workspace_key: str | None) -> None:
@@ -103,5 +181,5 @@ def _replay(registry: AdmissionRegistry, workspace_key: str | None) -> None:
         key = record.version.workspace.key
         if record.id <= _applied.get(key, 0):
             continue
-        registry.register(profile_from_version(record.version))
+        registry.register(profile_from_version(record.version), sequence=record.id)
         _applied[key] = record.id

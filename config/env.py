@@ -23,6 +23,29 @@ def env_bool(name: str, default: bool) -> bool:
     raise SettingsError(f"{name} must be a boolean (true/false), got {raw!r}")
 
 
+def env_int(name: str, default: int, *, minimum: int = 0) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise SettingsError(f"{name} must be an integer, got {raw!r}") from None
+    if value < minimum:
+        raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+    return value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise SettingsError(f"{name} must be one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if not raw:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from config.env import database_from_url, env_bool, env_list
+from config.env import database_from_url, env_bool, env_choice, env_int, env_list
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SLUICE_VAR_DIR", BASE_DIR / "var"))
@@ -129,6 +129,24 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
+
+# Deployment-wide admission (admission/coordination): every check about shared capacity is
+# decided in Redis, so limits hold for all worker processes together. It defaults to the
+# broker's Redis; set SLUICE_ADMISSION_REDIS_URL to empty to keep admission inside one process
+# (then exactly one worker process may run).
+_broker_redis = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else ""
+SLUICE_ADMISSION_REDIS_URL = os.environ.get("SLUICE_ADMISSION_REDIS_URL", _broker_redis).strip()
+SLUICE_ADMISSION_KEY_PREFIX = os.environ.get("SLUICE_ADMISSION_KEY_PREFIX", "sluice").strip()
+SLUICE_ADMISSION_LEASE_TTL_MS = env_int("SLUICE_ADMISSION_LEASE_TTL_MS", 20_000, minimum=300)
+SLUICE_ADMISSION_HEARTBEAT_MS = env_int("SLUICE_ADMISSION_HEARTBEAT_MS", 1_000, minimum=50)
+SLUICE_ADMISSION_RECOVERY_GRACE_MS = env_int("SLUICE_ADMISSION_RECOVERY_GRACE_MS", 3_000)
+SLUICE_ADMISSION_TIMEOUT_MS = env_int("SLUICE_ADMISSION_TIMEOUT_MS", 250, minimum=1)
+SLUICE_ADMISSION_ON_REDIS_FAILURE = env_choice(
+    "SLUICE_ADMISSION_ON_REDIS_FAILURE", "fail-closed", ("fail-closed", "degraded")
+)
+SLUICE_ADMISSION_EXPECTED_WORKERS = env_int("SLUICE_ADMISSION_EXPECTED_WORKERS", 1, minimum=1)
+SLUICE_ADMISSION_BUDGET_TTL_MS = env_int("SLUICE_ADMISSION_BUDGET_TTL_MS", 86_400_000, minimum=1)
+SLUICE_ADMISSION_IDLE_TTL_MS = env_int("SLUICE_ADMISSION_IDLE_TTL_MS", 3_600_000, minimum=1)
 
 LOGGING = {
     "version": 1,

@@ -18,3 +18,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Generator[None, A
     if os.environ.get("SLUICE_STRICT_SKIPS") and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped in a strict run (SLUICE_STRICT_SKIPS): {report.longrepr}"
+
+
+@pytest.fixture(autouse=True)
+def _in_process_admission(settings: Any) -> None:
+    # Admission is coordinated in Redis only where a test asks for it (tests/admission/
+    # coordination and the service tests, which run real deployments): a test's workspaces
+    # must not meet another test's in a shared Redis.
+    settings.SLUICE_ADMISSION_REDIS_URL = ""

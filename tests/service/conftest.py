@@ -38,6 +38,9 @@ _CONTROLLED = (
     "SLUICE_PROFILE_LISTEN",
     "SLUICE_PROFILE_POLL_SECONDS",
     "SLUICE_BROKER_VISIBILITY_TIMEOUT",
+    "SLUICE_ADMISSION_REDIS_URL",
+    "SLUICE_ADMISSION_KEY_PREFIX",
+    "SLUICE_ADMISSION_RECOVERY_GRACE_MS",
     "DJANGO_SETTINGS_MODULE",
 )
 
@@ -166,6 +169,9 @@ class Deployment:
             DJANGO_SETTINGS_MODULE="config.settings",
             SLUICE_VAR_DIR=str(root / "var"),
             SLUICE_CELERY_QUEUE=f"sluice-test-{uuid.uuid4().hex[:10]}",
+            # Each deployment has admission state of its own in a shared Redis.
+            SLUICE_ADMISSION_KEY_PREFIX=f"sluice-test-{uuid.uuid4().hex[:10]}",
+            SLUICE_ADMISSION_RECOVERY_GRACE_MS="200",
             SLUICE_ADAPTERS=self.adapters(latency_ms=20),
             PYTHONUNBUFFERED="1",
         )
