@@ -42,7 +42,7 @@ TRANSITION_HISTORY = 256
 # Revision mismatches resolved by a refresh before the request is refused.
 STALE_RETRIES = 2
 
-QUEUED, LEAVING, DONE = "queued", "leaving", "done"
+PENDING, QUEUED, LEAVING, DONE = "pending", "queued", "leaving", "done"
 
 
 async def _fired(signal: Any) -> None:
@@ -214,7 +214,16 @@ class CoordinatedLease:
 class Waiter:
     """A request of this process that waits in a lane in Redis."""
 
-    __slots__ = ("controller", "future", "id", "state", "ticket", "timer", "unsubscribe")
+    __slots__ = (
+        "controller",
+        "early",
+        "future",
+        "id",
+        "state",
+        "ticket",
+        "timer",
+        "unsubscribe",
+    )
 
     def __init__(
         self, controller: CoordinatedController, waiter_id: str, ticket: _Ticket, future: Any
@@ -223,7 +232,9 @@ class Waiter:
         self.id = waiter_id
         self.ticket = ticket
         self.future: asyncio.Future[CoordinatedLease] = future
-        self.state = QUEUED
+        # Pending until the acquire call's answer is read: a grant may arrive before it.
+        self.state = PENDING
+        self.early: dict[str, Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.unsubscribe: Any = None
 
@@ -272,16 +283,24 @@ class CoordinatedController:
             self._coordinator.count_local(self.workspace_id, request.provider_id, "reject", reason)
             raise self._rejection(ticket, reason, {}, now)
         waiter_id = uuid.uuid4().hex
+        waiter = Waiter(self, waiter_id, ticket, asyncio.get_running_loop().create_future())
+        self._coordinator.waiters[waiter_id] = waiter
         try:
             result = await self._decide(ticket, waiter_id)
         except CoordinationUnavailable as error:
+            self._coordinator.waiters.pop(waiter_id, None)
             return await self._unavailable(ticket, error)
+        except BaseException:
+            self._coordinator.waiters.pop(waiter_id, None)
+            raise
         status = result["st"]
+        if status != "queued":
+            self._coordinator.waiters.pop(waiter_id, None)
         if status == "admit":
             return self._lease(waiter_id, ticket, result)
         if status == "reject":
             raise self._rejection(ticket, result["reason"], result, self._clock.monotonic_ms())
-        return await self._wait(waiter_id, ticket, result)
+        return await self._wait(waiter, result)
 
     def snapshot(self, principal_id: str) -> QueueSnapshot:
         """The principal's deployment-wide active and queued figures as last seen by this
@@ -623,15 +642,12 @@ class CoordinatedController:
 
     # ------------------------------------------------------------------ waiting
 
-    async def _wait(
-        self, waiter_id: str, ticket: _Ticket, result: dict[str, Any]
-    ) -> CoordinatedLease:
+    async def _wait(self, waiter: Waiter, result: dict[str, Any]) -> CoordinatedLease:
         loop = asyncio.get_running_loop()
-        request = ticket.request
-        future: asyncio.Future[CoordinatedLease] = loop.create_future()
-        waiter = Waiter(self, waiter_id, ticket, future)
-        self._waiting[waiter_id] = waiter
-        self._coordinator.waiters[waiter_id] = waiter
+        request = waiter.ticket.request
+        future = waiter.future
+        waiter.state = QUEUED
+        self._waiting[waiter.id] = waiter
         self._snapshots[request.principal_id] = QueueSnapshot(
             int(result.get("a", 0)), int(result.get("q", 0)) + 1
         )
@@ -649,6 +665,8 @@ class CoordinatedController:
         wake = result.get("wake")
         if wake is not None:
             loop.call_later(max(float(wake), 1.0) / 1000.0, self._on_wake)
+        if waiter.early is not None:
+            self.on_message(waiter, waiter.early)
         try:
             return await future
         except asyncio.CancelledError:
@@ -716,6 +734,9 @@ class CoordinatedController:
 
     def on_message(self, waiter: Waiter, message: dict[str, Any]) -> None:
         """A grant or a refusal for a waiter of this process, from the listener."""
+        if waiter.state == PENDING:
+            waiter.early = message  # handled once the acquire call's answer is read
+            return
         if waiter.state != QUEUED:
             return  # it is leaving; the withdraw hands a late grant back
         self._finish(waiter)
@@ -743,6 +764,9 @@ class CoordinatedController:
         except (CoordinationUnavailable, AdmissionRejected):
             return  # its own expiry timer refuses it in time
         if waiter.state != QUEUED:
+            if result["st"] in ("admit", "queued"):
+                # It left while being queued again: hand back what the new queueing took.
+                self._coordinator.background(self._withdraw_eventually(waiter.id, "cancelled"))
             return
         if result["st"] == "admit":
             self.on_message(waiter, {**result, "t": "g"})

@@ -79,7 +79,8 @@ class RedisCoordinator:
         self.controllers: dict[str, CoordinatedController] = {}
         # Decisions made without a round trip, reported with the next heartbeat.
         self.local_counts: dict[str, Counter[str]] = {}
-        self.round_trips = 0
+        # Script calls by name (benchmarks and tests count round trips per decision).
+        self.round_trips: Counter[str] = Counter()
         self._closed = False
 
     # ------------------------------------------------------------------ factory
@@ -173,7 +174,7 @@ class RedisCoordinator:
         """Run one script; one round trip. Raises `CoordinationUnavailable`."""
         self._bind()
         script = self._scripts[name]
-        self.round_trips += 1
+        self.round_trips[name] += 1
         try:
             raw = await script(keys=[], args=[*self._header(workspace_id), *args])
         except (TimeoutError, redis.RedisError, OSError) as error:

@@ -1,0 +1,251 @@
+"""Coordinated admission against a real Redis: several coordinators play several processes.
+
+Each coordinator has its own registry, as a separate process would; they share one Redis under a
+key prefix of the test's own. Tests that stop Redis use a private `redis-server` they start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis
+
+from admission.coordination import CoordinationSettings, RedisCoordinator
+from admission.core import AdmissionRegistry, AdmissionRequest, Estimate, Profile
+
+WORKSPACE = "ws-1"
+SHARED_REDIS = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/8")
+
+
+def profile(
+    version: str = "v1",
+    *,
+    workspace: dict[str, Any] | None = None,
+    providers: dict[str, dict[str, Any]] | None = None,
+    principals: dict[str, dict[str, Any]] | None = None,
+) -> Profile:
+    document = {
+        "profileVersion": version,
+        "workspace": workspace if workspace is not None else {"concurrency": 100},
+        "providers": providers if providers is not None else {"llm": {"concurrency": 100}},
+        "principals": principals
+        if principals is not None
+        else {"alice": {"concurrency": 100}, "bob": {"concurrency": 100}},
+    }
+    return Profile.from_dict(document, workspace_id=WORKSPACE)
+
+
+def request(
+    principal: str = "alice",
+    provider: str = "llm",
+    budget: str = "inv-1",
+    *,
+    deadline_ms: float | None = None,
+    signal: Any = None,
+    **estimate: Any,
+) -> AdmissionRequest:
+    return AdmissionRequest(
+        budget_id=budget,
+        principal_id=principal,
+        workspace_id=WORKSPACE,
+        provider_id=provider,
+        estimate=Estimate(**estimate),
+        deadline_ms=deadline_ms,
+        signal=signal,
+    )
+
+
+def _reachable(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except (redis.RedisError, OSError):
+        return False
+
+
+@dataclass
+class Process:
+    """One simulated worker process: a coordinator and the registry it feeds."""
+
+    coordinator: RedisCoordinator
+    registry: AdmissionRegistry
+
+    def controller(self, workspace: str = WORKSPACE) -> Any:
+        controller = self.registry.controller(workspace)
+        assert controller is not None
+        return controller
+
+
+@dataclass
+class Deployment:
+    """Coordinators sharing one Redis under one prefix, and a plain client to look inside."""
+
+    url: str
+    prefix: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:12]}")
+    processes: list[Process] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+    sequence: int = 0
+
+    @property
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url, decode_responses=True)
+
+    def process(self, *, register: Profile | None = None, **overrides: Any) -> Process:
+        options = {
+            "lease_ttl_ms": 1_500,
+            "heartbeat_ms": 100,
+            "recovery_grace_ms": 0,
+            "timeout_ms": 500,
+            **self.settings,
+            **overrides,
+        }
+        coordinator = RedisCoordinator(
+            CoordinationSettings(url=self.url, prefix=self.prefix, **options)
+        )
+        registry = AdmissionRegistry(controller_factory=coordinator.controller)
+        process = Process(coordinator, registry)
+        self.processes.append(process)
+        if register is not None:
+            self.register(register, process)
+        return process
+
+    def register(self, profile: Profile, *processes: Process) -> None:
+        """Activate `profile` (the next ledger position) in the given processes (default all)."""
+        self.sequence += 1
+        for process in processes or tuple(self.processes):
+            process.registry.register(profile, sequence=self.sequence)
+
+    def key(self, suffix: str, workspace: str = WORKSPACE) -> str:
+        return f"{self.prefix}:{{{workspace}}}:{suffix}"
+
+    def scope(self, suffix: str) -> dict[str, str]:
+        return self.client.hgetall(self.key(f"s:{suffix}"))
+
+    def active(self, suffix: str) -> int:
+        return int(self.scope(suffix).get("a", 0))
+
+    def queued(self, suffix: str) -> int:
+        return int(self.scope(suffix).get("q", 0))
+
+    def keys(self) -> list[str]:
+        return sorted(self.client.scan_iter(f"{self.prefix}:*", count=1000))
+
+    async def close(self) -> None:
+        for process in self.processes:
+            await process.coordinator.aclose()
+
+    def cleanup(self) -> None:
+        client = self.client
+        for key in client.scan_iter(f"{self.prefix}:*", count=1000):
+            client.delete(key)
+
+
+@pytest.fixture
+def deployment() -> Iterator[Deployment]:
+    if not _reachable(SHARED_REDIS):
+        pytest.skip(f"coordinated admission needs Redis at {SHARED_REDIS}")
+    deployment = Deployment(SHARED_REDIS)
+    try:
+        yield deployment
+    finally:
+        deployment.cleanup()
+
+
+def run(deployment: Deployment, scenario: Callable[[], Awaitable[Any]], timeout: float = 30) -> Any:
+    """Run a scenario on a fresh loop and close every coordinator on it afterwards."""
+
+    async def main() -> Any:
+        try:
+            return await asyncio.wait_for(scenario(), timeout)
+        finally:
+            await deployment.close()
+
+    return asyncio.run(main())
+
+
+async def settle(deployment: Deployment) -> None:
+    for process in deployment.processes:
+        await process.coordinator.settle()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0, step: float = 0.01) -> None:
+    """Wait for an observable condition (never a fixed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(step)
+
+
+class PrivateRedis:
+    """A redis-server of the test's own on a free port, which the test may stop and start."""
+
+    def __init__(self) -> None:
+        self.binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+        self.dir = tempfile.mkdtemp(prefix="sluice-redis-")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = int(sock.getsockname()[1])
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not _reachable(self.url):
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                raise RuntimeError("private redis-server did not start")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=10)
+            if self.process.poll() is None:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def private_redis() -> Iterator[PrivateRedis]:
+    if not os.path.exists(shutil.which("redis-server") or "/usr/bin/redis-server"):
+        pytest.skip("redis-server is not installed")
+    server = PrivateRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.cleanup()

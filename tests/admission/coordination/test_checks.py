@@ -1,0 +1,413 @@
+"""The shared checks, decided in Redis, hold across processes: one test per rule."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from admission.core import AdmissionRejected, CancelSignal
+from tests.admission.coordination.conftest import (
+    Deployment,
+    profile,
+    request,
+    run,
+    settle,
+    until,
+)
+
+
+def test_evidence_counts_the_whole_deployment(deployment: Deployment) -> None:
+    first = deployment.process(register=profile())
+    second = deployment.process()
+    deployment.register(profile(), second)
+
+    async def scenario() -> None:
+        one = await first.controller().acquire(request())
+        two = await second.controller().acquire(request())
+        # The second process sees the first one's permit: active counts the deployment.
+        assert one.evidence.active == 1
+        assert two.evidence.active == 2
+        assert second.controller().snapshot("alice").active == 2
+        one.release(success=True)
+        two.release(success=True)
+        await settle(deployment)
+        assert deployment.active("P:alice") == 0
+
+    run(deployment, scenario)
+
+
+@pytest.mark.parametrize(
+    ("scope", "limits"),
+    [
+        ("principal", {"principals": {"alice": {"concurrency": 2}, "bob": {"concurrency": 9}}}),
+        ("workspace", {"workspace": {"concurrency": 2}}),
+        ("provider", {"providers": {"llm": {"concurrency": 2}}}),
+    ],
+)
+def test_concurrency_holds_across_processes(
+    deployment: Deployment, scope: str, limits: dict
+) -> None:
+    procs = [deployment.process() for _ in range(3)]
+    deployment.register(profile(**limits))
+
+    async def scenario() -> None:
+        held = [
+            await procs[0].controller().acquire(request()),
+            await procs[1].controller().acquire(request()),
+        ]
+        waiting = asyncio.ensure_future(procs[2].controller().acquire(request()))
+        await until(lambda: deployment.queued("W") == 1)
+        assert not waiting.done()
+        assert deployment.active("W") == 2
+        held[1].release(success=True)
+        lease = await asyncio.wait_for(waiting, 5)
+        assert lease.evidence.queue_delay_ms > 0
+        assert deployment.active("W") == 2
+        for item in (held[0], lease):
+            item.release(success=True)
+        await settle(deployment)
+        assert deployment.active("W") == 0 and deployment.queued("W") == 0
+
+    run(deployment, scenario)
+
+
+def test_provider_share_cap_leaves_room_for_others(deployment: Deployment) -> None:
+    procs = [deployment.process() for _ in range(2)]
+    deployment.register(profile(providers={"llm": {"concurrency": 4, "maxPrincipalShare": 0.5}}))
+
+    async def scenario() -> None:
+        mine = [await procs[i % 2].controller().acquire(request("alice")) for i in range(2)]
+        third = asyncio.ensure_future(procs[0].controller().acquire(request("alice")))
+        await until(lambda: deployment.queued("P:alice") == 1)
+        # Bob still gets in: the cap is alice's share of the pool, not the pool.
+        bob = await procs[1].controller().acquire(request("bob"))
+        assert not third.done()
+        mine[0].release(success=True)
+        lease = await asyncio.wait_for(third, 5)
+        for item in (mine[1], bob, lease):
+            item.release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_reservation_is_held_back_from_other_principals(deployment: Deployment) -> None:
+    procs = [deployment.process() for _ in range(2)]
+    deployment.register(
+        profile(
+            workspace={"concurrency": 2},
+            principals={
+                "alice": {"concurrency": 2},
+                "bob": {"concurrency": 1, "reservedConcurrency": 1},
+            },
+        )
+    )
+
+    async def scenario() -> None:
+        alice = await procs[0].controller().acquire(request("alice"))
+        # The second permit is bob's reservation: alice waits although one is free.
+        blocked = asyncio.ensure_future(procs[1].controller().acquire(request("alice")))
+        await until(lambda: deployment.queued("P:alice") == 1)
+        bob = await procs[1].controller().acquire(request("bob"))
+        assert bob.evidence.queue_delay_ms < 1_000 and not blocked.done()
+        bob.release(success=True)
+        alice.release(success=True)
+        second = await asyncio.wait_for(blocked, 5)
+        second.release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_retry_after_pauses_every_process_and_never_shortens(deployment: Deployment) -> None:
+    procs = [deployment.process() for _ in range(2)]
+    deployment.register(profile(providers={"llm": {"concurrency": 10}}))
+
+    async def scenario() -> None:
+        lease = await procs[0].controller().acquire(request())
+        started = time.monotonic()
+        lease.release(success=False, retry_after_ms=400)
+        await settle(deployment)
+        # A shorter pause asked later does not shorten the one in force.
+        procs[1].controller().coordinate_retry_after("llm", 50)
+        await settle(deployment)
+        waiting = await procs[1].controller().acquire(request(budget="other"))
+        assert time.monotonic() - started >= 0.38
+        assert waiting.evidence.retry_pressure >= 2
+        waiting.release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_half_open_breaker_lets_one_probe_through_for_the_deployment(
+    deployment: Deployment,
+) -> None:
+    procs = [deployment.process() for _ in range(3)]
+    breaker = {"failureThreshold": 1, "openMs": 300, "halfOpenMaxCalls": 1}
+    deployment.register(profile(providers={"llm": {"concurrency": 10, "circuitBreaker": breaker}}))
+
+    async def scenario() -> None:
+        failing = await procs[0].controller().acquire(request())
+        failing.release(success=False)
+        await settle(deployment)
+        assert deployment.scope("V:llm")["bs"] == "open"
+        # After openMs two processes ask at once: one probe, the other waits for its outcome.
+        first = asyncio.ensure_future(procs[1].controller().acquire(request(budget="a")))
+        second = asyncio.ensure_future(procs[2].controller().acquire(request(budget="b")))
+        done, pending = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
+        probe = done.pop().result()
+        assert probe.evidence.breaker_state == "half-open"
+        assert [t.to_state for t in probe.evidence.breaker_transitions] == ["half-open"]
+        await asyncio.sleep(0.05)
+        assert len(pending) == 1 and not next(iter(pending)).done()
+        probe.release(success=True)
+        other = await asyncio.wait_for(pending.pop(), 5)
+        assert other.evidence.breaker_state == "closed"
+        other.release(success=True)
+        await settle(deployment)
+        transitions = [t.to_state for p in procs for t in p.controller().breaker_transitions()]
+        assert sorted(transitions) == ["closed", "half-open", "open"]
+
+    run(deployment, scenario)
+
+
+def test_invocation_budget_rejects_and_consumes_nothing(deployment: Deployment) -> None:
+    procs = [deployment.process() for _ in range(2)]
+    deployment.register(
+        profile(
+            principals={"alice": {"concurrency": 9, "maxAttempts": 2, "maxTokens": 100}},
+            providers={"llm": {"concurrency": 9, "requestsPerMinute": 100}},
+        )
+    )
+
+    async def scenario() -> None:
+        leases = [
+            await procs[i].controller().acquire(request(tokens=30, budget="inv")) for i in (0, 1)
+        ]
+        for lease in leases:
+            lease.release(success=True, actual_tokens=20)
+        await settle(deployment)
+        before = deployment.scope("V:llm")
+        with pytest.raises(AdmissionRejected) as refused:
+            await procs[0].controller().acquire(request(tokens=1, budget="inv"))
+        assert refused.value.reason == "attempts" and not refused.value.retryable
+        # Nothing was consumed by the refusal: the bucket is where it was.
+        assert deployment.scope("V:llm") == before
+        # Tokens reconciled to 40 actually used: 60 more fit, 61 do not (another budget).
+        procs[1].controller().release_budget("inv")
+        await settle(deployment)
+        ok = await procs[1].controller().acquire(request(tokens=100, budget="inv"))
+        ok.release(success=True)
+        with pytest.raises(AdmissionRejected) as over:
+            await procs[0].controller().acquire(request(tokens=1, budget="inv"))
+        assert over.value.reason == "tokens"
+
+    run(deployment, scenario)
+
+
+def test_request_bucket_defers_and_queue_timeout_refuses(deployment: Deployment) -> None:
+    procs = [deployment.process() for _ in range(2)]
+    deployment.register(
+        profile(
+            providers={"llm": {"concurrency": 9, "requestsPerMinute": 2, "maxQueueWaitMs": 200}}
+        )
+    )
+
+    async def scenario() -> None:
+        for i in range(2):
+            (await procs[i].controller().acquire(request(budget=f"b{i}"))).release(success=True)
+        with pytest.raises(AdmissionRejected) as refused:
+            await procs[0].controller().acquire(request(budget="b9"))
+        assert refused.value.reason == "queue-timeout" and refused.value.retryable
+        assert 1 <= refused.value.retry_after_ms <= 30_000
+        await settle(deployment)
+        assert deployment.queued("V:llm") == 0
+        counts = (await procs[0].controller().state(minutes=1))["counts"]
+        assert any("defer|requests-per-minute" in k for c in counts.values() for k in c)
+
+    run(deployment, scenario)
+
+
+def test_token_holder_is_not_starved_by_small_requests(deployment: Deployment) -> None:
+    procs = [deployment.process() for _ in range(3)]
+    deployment.register(profile(providers={"llm": {"concurrency": 9, "tokensPerSecond": 100}}))
+
+    async def scenario() -> None:
+        first = await procs[0].controller().acquire(request(tokens=80, budget="a"))
+        first.release(success=True)
+        large = asyncio.ensure_future(procs[1].controller().acquire(request(tokens=80, budget="b")))
+        await until(lambda: deployment.scope("V:llm").get("h") is not None)
+        # 20 tokens are left, but a small request must fit beside the holder's 80: it waits.
+        small = asyncio.ensure_future(
+            procs[2].controller().acquire(request("bob", tokens=10, budget="c"))
+        )
+        lease = await asyncio.wait_for(large, 5)
+        assert not small.done() or small.result().evidence.queue_delay_ms > 0
+        lease.release(success=True)
+        (await asyncio.wait_for(small, 5)).release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_queue_full_across_processes_with_a_hint(deployment: Deployment) -> None:
+    procs = [deployment.process() for _ in range(3)]
+    deployment.register(
+        profile(
+            principals={"alice": {"concurrency": 1, "maxQueueLength": 1}, "bob": {"concurrency": 1}}
+        )
+    )
+
+    async def scenario() -> None:
+        held = await procs[0].controller().acquire(request())
+        queued = asyncio.ensure_future(procs[1].controller().acquire(request()))
+        await until(lambda: deployment.queued("P:alice") == 1)
+        with pytest.raises(AdmissionRejected) as refused:
+            await procs[2].controller().acquire(request())
+        assert refused.value.reason == "queue-full"
+        assert refused.value.evidence.active == 1 and refused.value.evidence.queued == 1
+        held.release(success=True)
+        (await asyncio.wait_for(queued, 5)).release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_cancel_and_deadline_take_waiters_out_of_redis(deployment: Deployment) -> None:
+    procs = [deployment.process() for _ in range(2)]
+    deployment.register(profile(workspace={"concurrency": 1}))
+
+    async def scenario() -> None:
+        held = await procs[0].controller().acquire(request())
+        signal = CancelSignal()
+        cancelled = asyncio.ensure_future(procs[1].controller().acquire(request(signal=signal)))
+        clock = procs[1].registry.clock
+        expiring = asyncio.ensure_future(
+            procs[1].controller().acquire(request("bob", deadline_ms=clock.monotonic_ms() + 150))
+        )
+        await until(lambda: deployment.queued("W") == 2)
+        signal.cancel()
+        with pytest.raises(AdmissionRejected) as first:
+            await cancelled
+        assert first.value.reason == "cancelled"
+        with pytest.raises(AdmissionRejected) as second:
+            await expiring
+        assert second.value.reason == "deadline-exceeded"
+        await settle(deployment)
+        assert deployment.queued("W") == 0
+        assert deployment.client.hlen(deployment.key("W")) == 0
+        held.release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_local_refusals_cost_no_round_trip(deployment: Deployment) -> None:
+    process = deployment.process(
+        register=profile(principals={"alice": {"concurrency": 1, "maxRequestBytes": 10}})
+    )
+
+    async def scenario() -> None:
+        await process.controller().acquire(request())  # binds the coordinator
+        before = process.coordinator.round_trips["acquire"]
+        for reason, item in (
+            ("unconfigured-principal", request("mallory")),
+            ("unconfigured-provider", request(provider="other")),
+            ("invalid-estimate", request(tokens=-1)),
+            ("request-too-large", request(request_bytes=11)),
+        ):
+            with pytest.raises(AdmissionRejected) as refused:
+                await process.controller().acquire(item)
+            assert refused.value.reason == reason
+        assert process.coordinator.round_trips["acquire"] == before
+
+    run(deployment, scenario)
+
+
+def test_a_stale_process_never_admits_under_its_old_revision(deployment: Deployment) -> None:
+    fresh = deployment.process(register=profile("v1"))
+    stale = deployment.process()
+    deployment.register(profile("v1"), stale)
+    tighter = profile("v2", principals={"alice": {"concurrency": 1}, "bob": {"concurrency": 1}})
+    deployment.register(tighter, fresh)
+    refreshed: list[str] = []
+
+    async def refresh(workspace: str) -> None:
+        refreshed.append(workspace)
+        stale.registry.register(tighter, sequence=deployment.sequence)
+
+    async def scenario() -> None:
+        # Without a way to refresh, the stale process refuses instead of admitting under v1.
+        with pytest.raises(AdmissionRejected) as refused:
+            await stale.controller().acquire(request())
+        assert refused.value.reason == "coordination-unavailable"
+        stale.coordinator.on_stale = refresh
+        lease = await stale.controller().acquire(request())
+        assert refreshed and stale.controller().profile.profile_version == "v2"
+        # v2 allows alice one permit: a second one waits.
+        second = asyncio.ensure_future(fresh.controller().acquire(request()))
+        await until(lambda: deployment.queued("P:alice") == 1)
+        lease.release(success=True)
+        (await asyncio.wait_for(second, 5)).release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_a_newer_process_installs_its_revision(deployment: Deployment) -> None:
+    old = deployment.process(register=profile("v1"))
+    new = deployment.process()
+    deployment.register(profile("v1"), new)
+    deployment.register(profile("v2"), new)
+    revision = deployment.client.hget(deployment.key("prof"), "rev")
+    assert revision == "v2"
+
+    async def scenario() -> None:
+        with pytest.raises(AdmissionRejected):
+            await old.controller().acquire(request())
+
+    run(deployment, scenario)
+
+
+def test_permits_of_a_dead_process_come_back_after_its_lease(deployment: Deployment) -> None:
+    doomed = deployment.process(register=profile(workspace={"concurrency": 1}))
+    survivor = deployment.process()
+    deployment.register(profile(workspace={"concurrency": 1}), survivor)
+
+    async def scenario() -> None:
+        await doomed.controller().acquire(request())
+        # The process dies: no release, no more heartbeats.
+        for task in doomed.coordinator._tasks:
+            task.cancel()
+        started = time.monotonic()
+        lease = await asyncio.wait_for(survivor.controller().acquire(request("bob")), 10)
+        waited = time.monotonic() - started
+        assert waited <= doomed.coordinator.settings.lease_ttl_ms / 1000 + 1.0
+        assert lease.evidence.queue_delay_ms > 500
+        lease.release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_idle_state_expires_and_nothing_grows(deployment: Deployment) -> None:
+    deployment.settings = {"idle_ttl_ms": 300, "budget_ttl_ms": 300}
+    process = deployment.process(
+        register=profile(
+            principals={"alice": {"concurrency": 5, "maxAttempts": 9}, "bob": {"concurrency": 5}},
+            providers={"llm": {"concurrency": 5, "requestsPerMinute": 600}},
+        )
+    )
+
+    async def scenario() -> None:
+        for i in range(20):
+            (await process.controller().acquire(request(budget=f"inv-{i}"))).release(success=True)
+        await settle(deployment)
+        client = deployment.client
+        lasting = {"prof", "meta"}
+        for key in deployment.keys():
+            suffix = key.rsplit("}:", 1)[-1] if "}:" in key else key.rsplit(":", 1)[-1]
+            if suffix in lasting or key.endswith((":epoch", ":procs")) or ":pw:" in key:
+                continue
+            ttl = client.pttl(key)
+            assert 0 < ttl <= 7_200_000, (key, ttl)
+        await until(
+            lambda: not [k for k in deployment.keys() if ":b:" in k or ":s:" in k], timeout=5
+        )
+
+    run(deployment, scenario)
