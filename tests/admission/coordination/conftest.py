@@ -138,7 +138,7 @@ class Deployment:
     def queued(self, suffix: str) -> int:
         return int(self.scope(suffix).get("q", 0))
 
-    def keys(self) -> list[str]:
+    def stored_keys(self) -> list[str]:
         return sorted(self.client.scan_iter(f"{self.prefix}:*", count=1000))
 
     async def close(self) -> None:

@@ -400,14 +400,14 @@ def test_idle_state_expires_and_nothing_grows(deployment: Deployment) -> None:
         await settle(deployment)
         client = deployment.client
         lasting = {"prof", "meta"}
-        for key in deployment.keys():
+        for key in deployment.stored_keys():
             suffix = key.rsplit("}:", 1)[-1] if "}:" in key else key.rsplit(":", 1)[-1]
             if suffix in lasting or key.endswith((":epoch", ":procs")) or ":pw:" in key:
                 continue
             ttl = client.pttl(key)
             assert 0 < ttl <= 7_200_000, (key, ttl)
         await until(
-            lambda: not [k for k in deployment.keys() if ":b:" in k or ":s:" in k], timeout=5
+            lambda: not [k for k in deployment.stored_keys() if ":b:" in k or ":s:" in k], timeout=5
         )
 
     run(deployment, scenario)
