@@ -18,7 +18,7 @@ from django.conf import settings
 from admission.core import InvalidProfileError, Profile
 from evaluator.deployment import AdapterConfigError, staged_endpoints, staged_window_seconds
 from evaluator.harness.errors import LoadHarnessError
-from evaluator.harness.manifests import LoadManifest, load_manifest
+from evaluator.harness.manifests import REGISTERED_MANIFESTS, LoadManifest, load_manifest
 from evaluator.harness.records import TARGET_STAGED
 from evaluator.harness.replay import WORKSPACE_ID
 from evaluator.harness.service import LOAD_TARGETS, run_manifest
@@ -34,10 +34,19 @@ if TYPE_CHECKING:
     from admission.models import ProfileVersion
     from evaluator.models import LoadRun
 
-__all__ = ["TARGETS", "QualificationError", "check", "execute", "manifest_path"]
+__all__ = [
+    "TARGETS",
+    "WHAT_IF_TARGETS",
+    "QualificationError",
+    "check",
+    "execute",
+    "manifest_path",
+    "what_if_manifest_names",
+]
 
 # Every target a load run may name; what-if runs use only the offline ones.
-TARGETS = (*sorted(LOAD_TARGETS), TARGET_STAGED)
+WHAT_IF_TARGETS = tuple(sorted(LOAD_TARGETS))
+TARGETS = (*WHAT_IF_TARGETS, TARGET_STAGED)
 
 
 class QualificationError(Exception):
@@ -50,6 +59,19 @@ class QualificationError(Exception):
 
 def manifest_path(manifest_name: str) -> Path:
     return Path(settings.BASE_DIR) / "manifests" / manifest_name
+
+
+def what_if_manifest_names() -> list[str]:
+    """The preregistered manifests with an arrival model, which a what-if run can replay."""
+    names = []
+    for entry in REGISTERED_MANIFESTS.values():
+        try:
+            manifest = load_manifest(manifest_path(entry.file_name))
+        except (OSError, LoadHarnessError):
+            continue
+        if "arrivalModel" in manifest.document and "principals" in manifest.document:
+            names.append(entry.file_name)
+    return sorted(names)
 
 
 def _manifest(manifest_name: str) -> LoadManifest:
@@ -72,9 +94,9 @@ def check(
         raise QualificationError(f"must be one of {', '.join(TARGETS)}", field="target")
     manifest = _manifest(manifest_name)
     if what_if_version is not None:
-        if target not in LOAD_TARGETS:
+        if target not in WHAT_IF_TARGETS:
             raise QualificationError(
-                f"a what-if run uses an offline target ({', '.join(sorted(LOAD_TARGETS))})",
+                f"a what-if run uses an offline target ({', '.join(WHAT_IF_TARGETS)})",
                 field="target",
             )
         try:
