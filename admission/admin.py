@@ -717,16 +717,26 @@ class ProfileChangeRecordAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         # The full digest is the tooltip and the detail page's; the list shows its head.
         return format_html('<code title="{}">{}…</code>', obj.digest, obj.digest[7:19])
 
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # The ledger is the widest list: it gives the app sidebar's width to its columns.
+        context = {"is_nav_sidebar_enabled": False, **(extra_context or {})}
+        return super().changelist_view(request, extra_context=context)
+
     @admin.display(description="approved by", ordering="approval__approver__username")
     def approved_by(self, obj: ProfileChangeRecord) -> str:
-        return f"{obj.approval.approver} ({obj.approval.decided_at:%Y-%m-%d})"
+        return str(obj.approval.approver)
 
     @admin.display(description="rollback reason")
-    def rollback_reason(self, obj: ProfileChangeRecord) -> str:
+    def rollback_reason(self, obj: ProfileChangeRecord) -> SafeString | str:
         request = obj.rollback_request
         if request is None:
             return "—"
-        return request.reason or "(none given)"
+        reason = request.reason or "(none given)"
+        if len(reason) <= 48:
+            return reason
+        return format_html('<span title="{}">{}…</span>', reason, reason[:47])
 
     @admin.display(description="decision-admission-profile-change/v1")
     def record_json(self, obj: ProfileChangeRecord) -> SafeString:
