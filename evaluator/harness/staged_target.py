@@ -90,7 +90,7 @@ def staged_window_ms(manifest: LoadManifest, window_seconds: float) -> float:
         or not 0 < window_seconds <= STAGED_MAX_WINDOW_SECONDS
     ):
         raise StagedConfigError(
-            f"must be a number of seconds in (0, {STAGED_MAX_WINDOW_SECONDS}], "
+            f"windowSeconds must be a number of seconds in (0, {STAGED_MAX_WINDOW_SECONDS}], "
             f"got {window_seconds!r}",
             field="windowSeconds",
         )
