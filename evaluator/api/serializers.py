@@ -14,8 +14,9 @@ class RunErrorSerializer(serializers.Serializer):
 
 
 class EvaluationSubmitSerializer(serializers.Serializer):
-    """A `DecisionEvaluationRequest` document. The principal and workspace are never in it:
-    they are the authenticated caller and the workspace of the URL."""
+    """A `DecisionEvaluationRequest` document (JSON Schema: GET /api/schemas/evaluation.json).
+    The principal and workspace are never in it: they are the authenticated caller and the
+    workspace of the URL."""
 
     ruleset = serializers.JSONField(help_text="The ordered ruleset: {id, decisions: [...]}.")
     input = serializers.JSONField(required=False, help_text="Values for the prompts' ${names}.")
