@@ -229,10 +229,11 @@ class Command(BaseCommand):
             if options["json"]:
                 self.stdout.write(json.dumps(record.to_dict(), sort_keys=True))
             else:
+                reason = record.rollback_request.reason if record.rollback_request else ""
                 self.stdout.write(
                     f"{record.at.isoformat()}\t{record.kind}\t"
                     f"{record.previous_profile_version or '-'} -> {record.profile_version}\t"
-                    f"{record.digest}\t{record.actor}"
+                    f"{record.digest}\t{record.actor}" + (f"\t{reason}" if reason else "")
                 )
 
 
