@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Page, sync_playwright
 
@@ -131,17 +132,13 @@ class Tour:
         self.page.click("#decision-submit")
 
 
-def demo_profile(label: str, **workspace_limits: object) -> dict[str, object]:
+def tightened(label: str, **principal_limits: object) -> dict[str, Any]:
+    """The demo profile with the manifest's queue bounds: at most 64 waiting, 2 s each."""
     from config.demo import demo_profile as make
 
-    return make(label, **workspace_limits)
-
-
-def tightened(label: str, **principal_limits: object) -> dict[str, object]:
-    """The demo profile with the manifest's queue bounds: at most 64 waiting, 2 s each."""
-    document = demo_profile(label, maxQueueLength=64, maxQueueWaitMs=2000)
-    document["providers"]["fake"].update(maxQueueLength=64, maxQueueWaitMs=2000)  # type: ignore[index]
-    for limits in document["principals"].values():  # type: ignore[attr-defined]
+    document = make(label, maxQueueLength=64, maxQueueWaitMs=2000)
+    document["providers"]["fake"].update(maxQueueLength=64, maxQueueWaitMs=2000)
+    for limits in document["principals"].values():
         limits.update(maxQueueWaitMs=2000, **principal_limits)
     return document
 
