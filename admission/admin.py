@@ -138,6 +138,8 @@ def _run_per_object(
             done = operation(obj)
         except (services.ProfileServiceError, InvalidProfileError, RunServiceError) as error:
             message = str(error)
+            if isinstance(error, RunServiceError) and error.field:
+                message = f"{error.field}: {message}"
             # Most refusals name the object already; say which one only when they do not.
             if str(obj) not in message:
                 message = f"{obj}: {message}"
@@ -231,9 +233,7 @@ class VersionReview:
 
 
 def version_review(version: ProfileVersion) -> VersionReview:
-    base = selectors.workspace_current_version(workspace=version.workspace)
-    if base is not None and base.pk == version.pk:
-        base = None
+    base = selectors.profile_version_diff_base(version=version)
     return VersionReview(
         version=version,
         base=base,
@@ -349,10 +349,6 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.Mode
     )
     fields = readonly_fields
     inlines = (ProfileApprovalInline,)
-
-    class Media:
-        css = {"all": ("admission/review.css",)}
-
     actions = (
         "approve_selected",
         "reject_selected",
@@ -360,6 +356,9 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.Mode
         "request_rollback",
         "run_what_if",
     )
+
+    class Media:
+        css = {"all": ("admission/review.css",)}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProfileVersion]:
         return selectors.profile_version_queryset()
@@ -384,7 +383,9 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.Mode
         return profile_diff_html(base, obj.document, obj.profile_version)
 
     @admin.display(description="limits against the current version")
-    def limits_table(self, obj: ProfileVersion) -> SafeString:
+    def limits_table(self, obj: ProfileVersion) -> SafeString | str:
+        if obj.pk == getattr(obj, "current_version_id", None):
+            return "This is the current version."
         review = version_review(obj)
         return limits_table_html(review.base, review.limits)
 

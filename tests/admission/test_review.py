@@ -203,7 +203,8 @@ def test_the_what_if_form_reports_a_bad_mapping_on_the_page(
         client, "run_what_if", [version], mapping='{"providers": {"jev": "nope"}}', **extra
     )
     assert _messages(refused) == [
-        "acme:v1: the profile has no provider 'nope' (it has jev, llm-subagent)"
+        "acme:v1: mapping.providers.jev: the profile has no provider 'nope' (it has jev, "
+        "llm-subagent)"
     ]
     assert not LoadRun.objects.exists()
 
