@@ -212,6 +212,9 @@ def _decision_action(
             "decision": decision,
             "runbook_url": runbook_url(),
             "runbook_id": RUNBOOK_ID,
+            "form_id": "decision_form",
+            "submit_id": "decision-submit",
+            "submit_label": decision.capitalize(),
             **(extra or {}),
         },
     )

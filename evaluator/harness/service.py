@@ -26,6 +26,7 @@ __all__ = [
     "measure",
     "run_load",
     "run_manifest",
+    "run_target",
     "write_record",
 ]
 
@@ -67,22 +68,29 @@ def measure(
     return timed, used
 
 
-def run_manifest(
-    manifest: LoadManifest, target: str, progress: Progress | None = None
+def run_target(
+    manifest: LoadManifest, runner: LoadTarget, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """Run an already loaded (hence registered) manifest; returns the digest-bound record."""
-    runner = _target(target)
+    """Release ``manifest``'s arrivals over ``runner``'s window; returns the record, whose mode
+    is the one the runner reports."""
     model = ArrivalModel.from_manifest(manifest)
     end_ms = runner.window_end_ms(manifest)
     timed, used = measure(runner, manifest, lambda: generate_arrivals(model, end_ms), progress)
     return build_record(
         manifest=manifest,
         mode=timed.mode,
-        target=target,
+        target=runner.name,
         window=timed.window,
         observations=timed.observations,
         resources=used,
     )
+
+
+def run_manifest(
+    manifest: LoadManifest, target: str, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Run an already loaded (hence registered) manifest; returns the digest-bound record."""
+    return run_target(manifest, _target(target), progress)
 
 
 def run_load(

@@ -31,15 +31,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from admission.core import Profile
-from evaluator.harness.arrivals import Arrival, ArrivalModel, generate_arrivals
+from evaluator.harness.arrivals import Arrival
 from evaluator.harness.controller_target import schedule_end_ms
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.evaluator_target import EvaluatorDriver
 from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.observed import ObservedAdapter
-from evaluator.harness.records import MODE_STAGED, TARGET_STAGED, build_record
+from evaluator.harness.records import MODE_STAGED, TARGET_STAGED
 from evaluator.harness.replay import WORKSPACE_ID
-from evaluator.harness.service import measure
+from evaluator.harness.service import run_target
 from evaluator.harness.target import LoadTarget, Progress, TargetRun
 
 __all__ = [
@@ -226,7 +226,6 @@ def run_staged(
     """
     end_ms = staged_window_ms(manifest, window_seconds)
     check_capacity(manifest, endpoints)
-    model = ArrivalModel.from_manifest(manifest)
 
     def drive(
         manifest: LoadManifest, arrivals: Iterable[Arrival], tick: Progress | None
@@ -234,12 +233,4 @@ def run_staged(
         return StagedDriver(manifest, arrivals, end_ms, endpoints, tick).run()
 
     runner = LoadTarget(name=TARGET_STAGED, window_end_ms=lambda _m: end_ms, run=drive)
-    timed, used = measure(runner, manifest, lambda: generate_arrivals(model, end_ms), progress)
-    return build_record(
-        manifest=manifest,
-        mode=timed.mode,
-        target=TARGET_STAGED,
-        window=timed.window,
-        observations=timed.observations,
-        resources=used,
-    )
+    return run_target(manifest, runner, progress)

@@ -157,35 +157,37 @@ def test_what_if_command_errors_are_typed(workspace, proposer, load_runner, make
     assert not LoadRun.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("elsewhere", "manifest", "target", "field"),
+    [
+        (True, "load-manifest.v2.json", "evaluator", "version"),
+        (False, "load-manifest.v2.json", "staged-provider", "target"),
+        (False, "load-manifest.v1.json", "evaluator", "manifest"),
+    ],
+)
 def test_a_what_if_needs_a_version_of_the_same_workspace_and_an_offline_target(
-    workspace, other_workspace, proposer, load_runner, make_document
+    workspace,
+    other_workspace,
+    proposer,
+    load_runner,
+    make_document,
+    elsewhere,
+    manifest,
+    target,
+    field,
 ):
     version = services.profile_version_propose(
         workspace=workspace, document=make_document("v1"), proposed_by=proposer
     )
-    with pytest.raises(InvalidRunRequest) as elsewhere:
+    with pytest.raises(InvalidRunRequest) as refused:
         load_run_submit(
-            other_workspace,
+            other_workspace if elsewhere else workspace,
             load_runner,
-            "load-manifest.v2.json",
-            "evaluator",
+            manifest,
+            target,
             what_if_version=version,
         )
-    assert elsewhere.value.field == "version"
-    with pytest.raises(InvalidRunRequest) as staged:
-        load_run_submit(
-            workspace,
-            load_runner,
-            "load-manifest.v2.json",
-            "staged-provider",
-            what_if_version=version,
-        )
-    assert staged.value.field == "target"
-    with pytest.raises(InvalidRunRequest) as v1:
-        load_run_submit(
-            workspace, load_runner, "load-manifest.v1.json", "evaluator", what_if_version=version
-        )
-    assert v1.value.field == "manifest"
+    assert refused.value.field == field
     assert not LoadRun.objects.exists()
 
 

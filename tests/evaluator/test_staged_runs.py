@@ -128,38 +128,17 @@ def test_a_provider_documented_below_the_manifests_ceilings_is_refused(
     assert server.requests == []
 
 
+def _harness(*options: str) -> None:
+    call_command("run_load_harness", "--manifest", f"manifests/{MANIFEST}", *options)
+
+
 def test_the_command_runs_a_staged_window_and_writes_the_record(staged, server, tmp_path):
     output = tmp_path / "staged.json"
-    call_command(
-        "run_load_harness",
-        "--manifest",
-        f"manifests/{MANIFEST}",
-        "--target",
-        "staged-provider",
-        "--window-seconds",
-        "0.5",
-        "--output",
-        str(output),
-    )
+    _harness("--target", "staged-provider", "--window-seconds", "0.5", "--output", str(output))
     record = json.loads(output.read_text())
     verify_record(record)
     assert record["window"]["seconds"] == 0.5 and record["passed"] is True
     with pytest.raises(CommandError, match="--output"):
-        call_command(
-            "run_load_harness",
-            "--manifest",
-            f"manifests/{MANIFEST}",
-            "--target",
-            "staged-provider",
-            "--write-evidence",
-        )
+        _harness("--target", "staged-provider", "--write-evidence")
     with pytest.raises(CommandError, match="staged-provider only"):
-        call_command(
-            "run_load_harness",
-            "--manifest",
-            f"manifests/{MANIFEST}",
-            "--target",
-            "evaluator",
-            "--window-seconds",
-            "1",
-        )
+        _harness("--target", "evaluator", "--window-seconds", "1")
