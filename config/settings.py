@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from config.env import database_from_url, env_bool, env_choice, env_int, env_list
+from config.env import database_from_url, env_bool, env_choice, env_int, env_json, env_list
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SLUICE_VAR_DIR", BASE_DIR / "var"))
@@ -147,6 +147,10 @@ SLUICE_ADMISSION_ON_REDIS_FAILURE = env_choice(
 SLUICE_ADMISSION_EXPECTED_WORKERS = env_int("SLUICE_ADMISSION_EXPECTED_WORKERS", 1, minimum=1)
 SLUICE_ADMISSION_BUDGET_TTL_MS = env_int("SLUICE_ADMISSION_BUDGET_TTL_MS", 86_400_000, minimum=1)
 SLUICE_ADMISSION_IDLE_TTL_MS = env_int("SLUICE_ADMISSION_IDLE_TTL_MS", 3_600_000, minimum=1)
+
+# Where staged-provider load runs send the manifest's calls (evaluator/deployment.py); unset, a
+# deployment offers no staged runs.
+SLUICE_STAGED_PROVIDER = env_json("SLUICE_STAGED_PROVIDER", None)
 
 LOGGING = {
     "version": 1,

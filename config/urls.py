@@ -2,11 +2,15 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from config.document_schemas import EvaluationSchemaView, ProfileSchemaView
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("runbooks/", include("admission.urls")),
     path("api/", include("admission.api.urls")),
     path("api/", include("evaluator.api.urls")),
+    path("api/schemas/profile.json", ProfileSchemaView.as_view(), name="profile-schema"),
+    path("api/schemas/evaluation.json", EvaluationSchemaView.as_view(), name="evaluation-schema"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

@@ -10,8 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from admission.forms import MONOSPACE, parse_json_object
 from admission.models import Workspace
-from evaluator import services
-from evaluator.harness.service import LOAD_TARGETS
+from evaluator import qualification, services
 
 
 def example_request(decisions: int = 10, *, adapter: str = "fake") -> dict[str, Any]:
@@ -70,6 +69,6 @@ class LoadRunStartForm(forms.Form):
         super().__init__(*args, **kwargs)
         names = services.load_manifest_names()
         self.fields["manifest"].choices = [(name, name) for name in names]  # type: ignore[attr-defined]
-        self.fields["target"].choices = [(name, name) for name in sorted(LOAD_TARGETS)]  # type: ignore[attr-defined]
+        self.fields["target"].choices = [(name, name) for name in qualification.TARGETS]  # type: ignore[attr-defined]
         if "load-manifest.v2.json" in names:
             self.initial.setdefault("manifest", "load-manifest.v2.json")

@@ -15,6 +15,7 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import generics, status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import CursorPagination
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -101,6 +102,8 @@ class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
     permission_classes = [IsAuthenticated, IsMember]
     pagination_class = RunPagination
     filterset_class = EvaluationRunFilter
+    # The request document is nested JSON: a form or multipart body cannot carry it.
+    parser_classes = [JSONParser]
 
     def get_queryset(self) -> QuerySet[EvaluationRun]:
         if getattr(self, "swagger_fake_view", False):
