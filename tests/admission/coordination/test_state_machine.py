@@ -274,7 +274,7 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         return {k[len(marker) :] for k in self.deployment.stored_keys() if k.startswith(marker)}
 
     def teardown(self) -> None:
-        for index, task, signal in self.waiting:
+        for _index, _task, signal in self.waiting:
             signal.cancel()
         try:
             self.loop.run_until_complete(self.deployment.close())
