@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import logging
 import math
+import time
 import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -219,6 +220,8 @@ class Waiter:
         "early",
         "future",
         "id",
+        "queued_at",
+        "requeueing",
         "state",
         "ticket",
         "timer",
@@ -237,6 +240,12 @@ class Waiter:
         self.early: dict[str, Any] | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.unsubscribe: Any = None
+        self.queued_at = math.inf
+        self.requeueing = False
+
+    def auditable(self, settled_before: float) -> bool:
+        """Queued for a while and not being queued again: Redis should know it."""
+        return self.state == QUEUED and not self.requeueing and self.queued_at < settled_before
 
 
 class CoordinatedController:
@@ -647,6 +656,7 @@ class CoordinatedController:
         request = waiter.ticket.request
         future = waiter.future
         waiter.state = QUEUED
+        waiter.queued_at = time.monotonic()
         self._waiting[waiter.id] = waiter
         self._snapshots[request.principal_id] = QueueSnapshot(
             int(result.get("a", 0)), int(result.get("q", 0)) + 1
@@ -752,17 +762,33 @@ class CoordinatedController:
             waiter.future.set_exception(self._rejection(waiter.ticket, reason, message, now))
 
     def requeue(self, waiter: Waiter) -> None:
-        """The shared state was lost while this waiter waited: queue it again, same place in
-        this process, same deadline and dwell clock."""
-        if waiter.state != QUEUED:
+        """Redis no longer queues this waiter (its state was lost): queue it again, with the
+        same deadline and dwell clock."""
+        if waiter.state != QUEUED or waiter.requeueing:
             return
+        waiter.requeueing = True
         self._coordinator.background(self._requeue(waiter))
 
     async def _requeue(self, waiter: Waiter) -> None:
+        delay = self._coordinator.settings.heartbeat_ms / 1000.0
         try:
-            result = await self._decide(waiter.ticket, waiter.id)
-        except (CoordinationUnavailable, AdmissionRejected):
-            return  # its own expiry timer refuses it in time
+            while True:
+                if waiter.state != QUEUED:
+                    return
+                try:
+                    result = await self._decide(waiter.ticket, waiter.id)
+                    break
+                except CoordinationUnavailable:
+                    await asyncio.sleep(delay)  # until Redis answers or the waiter leaves
+                except AdmissionRejected as refusal:
+                    if waiter.state == QUEUED:
+                        self._finish(waiter)
+                        if not waiter.future.done():
+                            waiter.future.set_exception(refusal)
+                    return
+        finally:
+            waiter.requeueing = False
+        waiter.queued_at = time.monotonic()
         if waiter.state != QUEUED:
             if result["st"] in ("admit", "queued"):
                 # It left while being queued again: hand back what the new queueing took.

@@ -268,14 +268,29 @@ class RedisCoordinator:
     async def _heartbeat(self) -> None:
         counts = {ws: dict(counter) for ws, counter in self.local_counts.items() if counter}
         self.local_counts = {}
+        audit: dict[str, list[str]] = {}
+        settled_before = time.monotonic() - 2 * self.settings.heartbeat_ms / 1000.0
+        for queued in self.waiters.values():
+            if queued.auditable(settled_before):
+                audit.setdefault(queued.controller.workspace_id, []).append(queued.id)
         try:
-            result = await self.call("heartbeat", "", json.dumps(counts))
+            result = await self.call("heartbeat", "", json.dumps(counts), json.dumps(audit))
         except CoordinationUnavailable:
             # Keep what was not reported for the next beat.
             for ws, counter in counts.items():
                 self.local_counts.setdefault(ws, Counter()).update(counter)
             raise
         self.live_processes = int(result.get("live") or 1)
+        for entry in result.get("audit") or ():
+            waiter = self.waiters.get(str(entry["id"]))
+            if waiter is None or not waiter.auditable(settled_before):
+                continue
+            if entry["t"] == "g":
+                logger.warning("admission grant for waiter %s was lost; taking it", waiter.id)
+                waiter.controller.on_message(waiter, entry)
+            else:
+                logger.warning("waiter %s is no longer queued in Redis; queueing again", waiter.id)
+                waiter.controller.requeue(waiter)
         if result.get("nb") and self.leases:
             # This process had been given up for dead (its lease lapsed): its permits were
             # returned to the pool, so it puts back the ones it still holds.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,6 +21,8 @@ class Reply:
     hold: threading.Event | None = None
     content: str = "yes"
     total_tokens: int = 10
+    # Seconds the server takes before it answers (a provider's service time).
+    delay: float = 0.0
 
     def payload(self) -> bytes:
         if self.body is not None:
@@ -66,7 +69,12 @@ class LoopbackServer:
                 body = json.loads(self.rfile.read(length) or b"null")
                 with server._lock:
                     server.requests.append(
-                        {"path": self.path, "headers": dict(self.headers), "body": body}
+                        {
+                            "path": self.path,
+                            "headers": dict(self.headers),
+                            "body": body,
+                            "at": time.monotonic(),
+                        }
                     )
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
@@ -75,6 +83,8 @@ class LoopbackServer:
                 try:
                     if reply.hold is not None:
                         reply.hold.wait(30)
+                    if reply.delay:
+                        time.sleep(reply.delay)
                     payload = reply.payload()
                     self.send_response(reply.status)
                     self.send_header("content-type", "application/json")
