@@ -48,15 +48,15 @@ async def main(config: dict[str, Any]) -> None:
     registry.register(profile, sequence=config["sequence"])
     controller = registry.controller(config["workspace"])
     assert controller is not None
-    out = Path(config["out"]).open("a", encoding="utf-8")
+    out_path = Path(config["out"])
     deadline = time.monotonic() + config["seconds"]
     remaining = config["count"]
     ready = Path(config["ready"]) if config.get("ready") else None
     client = httpx.AsyncClient(base_url=config["base_url"], timeout=30)
 
     def record(line: dict[str, Any]) -> None:
-        out.write(json.dumps({**line, "at": time.time()}) + "\n")
-        out.flush()
+        with out_path.open("a", encoding="utf-8") as out:
+            out.write(json.dumps({**line, "at": time.time()}) + "\n")
         if ready is not None and not ready.exists():
             ready.write_text("ready")
 
@@ -103,7 +103,6 @@ async def main(config: dict[str, Any]) -> None:
     await coordinator.settle()
     await coordinator.aclose()
     await client.aclose()
-    out.close()
 
 
 async def _fired(signal: CancelSignal) -> None:
