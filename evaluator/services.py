@@ -24,6 +24,7 @@ from django.utils import timezone
 from admission import refresh, runtime, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
+from config.telemetry import evaluator_telemetry
 from evaluator import qualification
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
@@ -259,7 +260,11 @@ async def _evaluate(
     profile = registry.current_profile(request.workspace_id)
     try:
         result = await evaluate_decision_ruleset(
-            request, registry=registry, adapters=adapters, receipt_store=store
+            request,
+            registry=registry,
+            adapters=adapters,
+            receipt_store=store,
+            telemetry=evaluator_telemetry(),
         )
     finally:
         for adapter in adapters.values():
