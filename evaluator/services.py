@@ -352,8 +352,9 @@ def load_run_execute(run_id: str | uuid.UUID) -> LoadRun | None:
     run = _claim(LoadRun, run_id)
     if run is None or run.finished:
         return run
+    timelines: list[Any] = []
     try:
-        record = qualification.execute(run)
+        record = qualification.execute(run, keep_timeline=timelines.append)
     except FileNotFoundError:
         return _fail(run, "manifest-missing", f"{run.manifest_name} is not under manifests/")
     except LoadHarnessError as error:
@@ -364,6 +365,7 @@ def load_run_execute(run_id: str | uuid.UUID) -> LoadRun | None:
         run,
         status=LoadRun.Status.COMPLETED,
         record=record,
+        timeline=timelines[-1] if timelines else None,
         passed=bool(record.get("passed")),
         manifest_digest=record.get("manifest", {}).get("digest", ""),
     )
