@@ -100,7 +100,7 @@ def _redis_ping(url: str) -> None:
 def _broker() -> None:
     url = str(settings.CELERY_BROKER_URL)
     if url.startswith("filesystem://"):
-        folder = settings.CELERY_BROKER_TRANSPORT_OPTIONS["data_folder_in"]
+        folder = str(settings.CELERY_BROKER_TRANSPORT_OPTIONS["data_folder_in"])
         if not os.access(folder, os.W_OK):
             raise NotReady("the broker folder is not writable")
         return
@@ -176,9 +176,9 @@ class HealthCheckMiddleware:
         if endpoint is None:
             return self.get_response(request)
         if request.method not in ("GET", "HEAD"):
-            response = JsonResponse({"error": {"type": "method_not_allowed"}}, status=405)
-            response["Allow"] = "GET, HEAD"
-            return response
+            refused = JsonResponse({"error": {"type": "method_not_allowed"}}, status=405)
+            refused["Allow"] = "GET, HEAD"
+            return refused
         response = endpoint()
         response["Cache-Control"] = "no-store"
         return response
