@@ -157,7 +157,7 @@ def line_chart(
     ys = [y for s in series for _, y in s.points if y is not None]
     if not xs or not ys:
         return _empty(width, 120, title, "no data recorded")
-    left, right, top, bottom = 68.0, 16.0, 46.0, 46.0
+    left, right, top, bottom = 68.0, 28.0, 46.0, 46.0
     plot_w, plot_h = width - left - right, height - top - bottom
     x_ticks = nice_ticks(min(xs), max(xs), 8)
     x_lo, x_hi = x_ticks[0], x_ticks[-1]
