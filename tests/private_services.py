@@ -11,27 +11,14 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-__all__ = ["PrivatePostgres", "PrivateRedis", "free_port", "wait_until"]
+from tests.service.conftest import free_port
+from tests.service.conftest import wait_for as wait_until
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_until(condition, timeout: float, message: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{message} within {timeout} s")
+__all__ = ["PrivatePostgres", "PrivateRedis"]
 
 
 def answers(port: int) -> bool:

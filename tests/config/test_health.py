@@ -7,7 +7,8 @@ import pytest
 from django.test import Client
 
 from tests.config.web_process import WebServer, manage, sluice_env
-from tests.private_services import PrivatePostgres, PrivateRedis, wait_until
+from tests.private_services import PrivatePostgres, PrivateRedis
+from tests.service.conftest import wait_for as wait_until
 
 
 def _statuses(response) -> dict[str, str]:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 
-from tests.private_services import free_port, wait_until
+from tests.service.conftest import free_port
+from tests.service.conftest import wait_for as wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 _CONTROLLED = ("DATABASE_URL", "CELERY_BROKER_URL", "SLUICE_VAR_DIR", "DJANGO_SETTINGS_MODULE")

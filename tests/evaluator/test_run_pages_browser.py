@@ -4,8 +4,6 @@ ends; a load run's page plots its record beside the numbers, with nothing fetche
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,14 +22,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "load-manifest.v2.json"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
-
-
-@pytest.fixture
-def chromium_path() -> str:
-    path = os.environ.get("SLUICE_CHROMIUM", "/usr/bin/chromium")
-    if not (Path(path).exists() or shutil.which(path)):
-        pytest.skip(f"no Chromium at {path}")
-    return path
 
 
 @pytest.fixture

@@ -59,21 +59,20 @@ class OtlpCollector:
         with self._lock:
             return list(self.exports[path])
 
+    def _items(self, path: str, kind: str, item: str) -> Iterator[tuple[dict, dict]]:
+        for request in self._requests(path):
+            for entry in request.get(f"resource{kind}", []):
+                for scope in entry.get(f"scope{kind}", []):
+                    for found in scope.get(item, []):
+                        yield entry.get("resource", {}), found
+
     def spans(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         """(resource, span) for every span received."""
-        for request in self._requests("/v1/traces"):
-            for resource_spans in request.get("resourceSpans", []):
-                for scope in resource_spans.get("scopeSpans", []):
-                    for span in scope.get("spans", []):
-                        yield resource_spans.get("resource", {}), span
+        return self._items("/v1/traces", "Spans", "spans")
 
     def metrics(self) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
         """(resource, metric) for every metric received."""
-        for request in self._requests("/v1/metrics"):
-            for resource_metrics in request.get("resourceMetrics", []):
-                for scope in resource_metrics.get("scopeMetrics", []):
-                    for metric in scope.get("metrics", []):
-                        yield resource_metrics.get("resource", {}), metric
+        return self._items("/v1/metrics", "Metrics", "metrics")
 
     def resources(self) -> list[dict[str, Any]]:
         found = []
