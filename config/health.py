@@ -2,7 +2,7 @@
 
 `/healthz` answers 200 while the process serves requests and touches nothing else. `/readyz`
 checks what a request needs: the database answers, every migration is applied, the task broker
-answers and, when admission state lives in Redis (`SLUICE_ADMISSION_REDIS_URL`), Redis answers.
+answers and, when admission is coordinated in Redis (`SLUICE_ADMISSION_REDIS_URL`), Redis answers.
 It returns 200 when all pass and 503 otherwise, with each check's status in the JSON body. Both
 are answered by a middleware placed first, so a probe needs no allowed host, session or CSRF.
 """
@@ -115,10 +115,9 @@ def _broker() -> None:
 
 
 def _admission_redis() -> str | None:
-    # The setting arrives with Redis-held admission state; until it is set there is nothing to ask.
-    url = getattr(settings, "SLUICE_ADMISSION_REDIS_URL", "")
+    url = settings.SLUICE_ADMISSION_REDIS_URL
     if not url:
-        return "SLUICE_ADMISSION_REDIS_URL is not set"
+        return "admission is kept in this process (SLUICE_ADMISSION_REDIS_URL is empty)"
     _redis_ping(url)
     return None
 

@@ -29,7 +29,10 @@ def private_redis():
     server.destroy()
 
 
-def test_readyz_follows_database_migrations_and_broker(tmp_path, private_postgres, private_redis):
+def test_readyz_follows_database_migrations_broker_and_redis(
+    tmp_path, private_postgres, private_redis
+):
+    # The broker's Redis is also the admission Redis, as SLUICE_ADMISSION_REDIS_URL defaults.
     env = sluice_env(
         tmp_path / "var",
         DATABASE_URL=private_postgres.url,
@@ -48,7 +51,7 @@ def test_readyz_follows_database_migrations_and_broker(tmp_path, private_postgre
             "database": "ok",
             "migrations": "failing",
             "broker": "ok",
-            "redis": "skipped",
+            "redis": "ok",
         }
         assert "not applied" in fresh.json()["checks"]["migrations"]["detail"]
 
@@ -78,7 +81,7 @@ def test_readyz_follows_database_migrations_and_broker(tmp_path, private_postgre
             "database": "ok",
             "migrations": "ok",
             "broker": "failing",
-            "redis": "skipped",
+            "redis": "failing",
         }
         private_redis.start()
         wait_until(ready, 30, "readiness after the broker came back")
@@ -87,7 +90,8 @@ def test_readyz_follows_database_migrations_and_broker(tmp_path, private_postgre
 
 
 @pytest.mark.django_db
-def test_readyz_follows_the_admission_redis_when_one_is_configured(settings, private_redis):
+def test_readyz_follows_an_admission_redis_of_its_own(settings, private_redis):
+    # Admission coordinated in a Redis other than the broker's: only that check moves.
     settings.SLUICE_ADMISSION_REDIS_URL = private_redis.url
     settings.SLUICE_HEALTH_TIMEOUT_SECONDS = 1
     # A probe comes from the orchestrator's address, which is no allowed host.
@@ -103,8 +107,22 @@ def test_readyz_follows_the_admission_redis_when_one_is_configured(settings, pri
     assert _statuses(down)["redis"] == "failing"
     assert down.json()["checks"]["redis"]["detail"].startswith("ConnectionError")
 
+    assert {k: v for k, v in _statuses(down).items() if k != "redis"} == {
+        "database": "ok",
+        "migrations": "ok",
+        "broker": "ok",
+    }
+
     private_redis.start()
     assert client.get("/readyz").status_code == 200
+
+
+@pytest.mark.django_db
+def test_readyz_skips_redis_when_admission_stays_in_process(client, settings):
+    settings.SLUICE_ADMISSION_REDIS_URL = ""
+    check = client.get("/readyz").json()["checks"]["redis"]
+    assert check["status"] == "skipped"
+    assert "SLUICE_ADMISSION_REDIS_URL is empty" in check["detail"]
 
 
 def test_healthz_answers_any_host_and_only_reads(client):

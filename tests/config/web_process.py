@@ -20,7 +20,11 @@ _CONTROLLED = ("DATABASE_URL", "CELERY_BROKER_URL", "SLUICE_VAR_DIR", "DJANGO_SE
 
 def sluice_env(var_dir: Path, **overrides: str) -> dict[str, str]:
     """The test process's environment without its deployment settings, plus `overrides`."""
-    env = {k: v for k, v in os.environ.items() if k not in _CONTROLLED}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _CONTROLLED and not k.startswith("SLUICE_ADMISSION_")
+    }
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings",
         SLUICE_VAR_DIR=str(var_dir),

@@ -82,7 +82,14 @@ def test_worker_exports_admission_telemetry_without_identities(deployment):
                 >= 1
             )
 
-        wait_for(exported, 30, f"admission telemetry at the receiver\n{deployment.logs()}")
+        try:
+            wait_for(exported, 30, "admission telemetry at the receiver")
+        except AssertionError as missing:
+            seen = {
+                name: [(attributes(p), p.get("asInt", p.get("count"))) for p in points]
+                for name, points in _latest_points(collector).items()
+            }
+            raise AssertionError(f"{missing}: {seen}\n{deployment.logs()}") from None
 
         points = _latest_points(collector)
         assert _total(points["decision.admission"], decision="admit") >= 5
@@ -91,9 +98,15 @@ def test_worker_exports_admission_telemetry_without_identities(deployment):
         spans = [span for _, span in collector.spans() if span["name"] == "decision.admit"]
         events = [event for span in spans for event in span.get("events", [])]
         transitions = [attributes(e) for e in events if e["name"] == "breaker.transition"]
-        assert {"breaker.from": "closed", "breaker.to": "open", "breaker.failures": "5"} in [
-            {k: str(v) for k, v in t.items()} for t in transitions
-        ]
+        assert transitions, "no breaker.transition event on any decision.admit span"
+        assert all(t["breaker.from"] != t["breaker.to"] for t in transitions)
+        # In the embedded deployment admission is in-process, so the release that opened the
+        # breaker knows it at once; with Redis coordination it learns so after the span ended,
+        # and the metric (counted from the registry) is where the transition shows.
+        if deployment.mode == "embedded":
+            assert {"breaker.from": "closed", "breaker.to": "open", "breaker.failures": "5"} in [
+                {k: str(v) for k, v in t.items()} for t in transitions
+            ]
         roles = {attributes(r).get("sluice.process") for r in collector.resources()}
         assert "worker" in roles
         assert {attributes(r).get("service.name") for r in collector.resources()} == {
