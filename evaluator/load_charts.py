@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from evaluator.charts import Bar, Reference, Series, SvgMarkup, bar_chart, line_chart
+from evaluator.harness.records import MODE_STAGED
 
 __all__ = ["Glance", "load_run_charts", "load_run_glance"]
 
@@ -26,7 +27,14 @@ def _limits(record: Mapping[str, Any]) -> dict[str, Any]:
     return {c["bound"]: c["limit"] for c in record.get("comparisons") or [] if "bound" in c}
 
 
-def _over_time(timeline: Mapping[str, Any], limits: Mapping[str, Any]) -> SvgMarkup:
+def _seconds_label(record: Mapping[str, Any]) -> str:
+    # A staged-provider run keeps real time; every other path runs on virtual time.
+    return "seconds (real time)" if record.get("mode") == MODE_STAGED else "virtual seconds"
+
+
+def _over_time(
+    timeline: Mapping[str, Any], limits: Mapping[str, Any], seconds_label: str
+) -> SvgMarkup:
     seconds = [at / 1000.0 for at in timeline["atMs"]]
     references = [
         Reference(f"{label} bound {limits[bound]:,}", float(limits[bound]))
@@ -41,15 +49,17 @@ def _over_time(timeline: Mapping[str, Any], limits: Mapping[str, Any]) -> SvgMar
             Series("active calls (peak per step)", _points(seconds, timeline["activePeak"]), True),
             Series("queued calls (peak per step)", _points(seconds, timeline["queuedPeak"]), True),
         ],
-        title="Active and queued calls over the virtual timeline",
-        x_label=f"virtual seconds (step {timeline['stepMs'] / 1000:g} s)",
+        title="Active and queued calls over the run's timeline",
+        x_label=f"{seconds_label} (step {timeline['stepMs'] / 1000:g} s)",
         y_label="calls",
         references=references,
         width=CHART_WIDTH,
     )
 
 
-def _ratio_over_time(timeline: Mapping[str, Any], limits: Mapping[str, Any]) -> SvgMarkup:
+def _ratio_over_time(
+    timeline: Mapping[str, Any], limits: Mapping[str, Any], seconds_label: str
+) -> SvgMarkup:
     seconds = [at / 1000.0 for at in timeline["atMs"]]
     ratios = timeline.get("admissionRatio") or {}
     references = [
@@ -60,7 +70,7 @@ def _ratio_over_time(timeline: Mapping[str, Any], limits: Mapping[str, Any]) -> 
     return line_chart(
         [Series(f"{name} principals", _points(seconds, values)) for name, values in ratios.items()],
         title="Admission ratio by principal class, running total",
-        x_label="virtual seconds",
+        x_label=seconds_label,
         y_label="admitted / arrived",
         references=references,
         y_max=1.0,
@@ -114,7 +124,8 @@ def load_run_charts(
     observations = record.get("observations") or {}
     charts = []
     if timeline and timeline.get("atMs"):
-        charts += [_over_time(timeline, limits), _ratio_over_time(timeline, limits)]
+        label = _seconds_label(record)
+        charts += [_over_time(timeline, limits, label), _ratio_over_time(timeline, limits, label)]
     charts += [_ratio_bars(observations, limits), _shed_bars(observations)]
     return charts
 

@@ -188,3 +188,10 @@ def test_each_chart_of_a_run_page_comes_with_the_numbers_it_shows():
     assert ("arrivals", "100", "") in outcomes.numbers
     assert ("failed", "—", "") in outcomes.numbers
     assert load_run_glance(None, None) == []
+
+
+def test_a_staged_run_is_plotted_on_real_time():
+    over_time = parse(load_run_charts({**RECORD, "mode": "staged-provider"}, TIMELINE)[0])
+    assert "seconds (real time) (step 0.5 s)" in texts(over_time)
+    offline = parse(load_run_charts({**RECORD, "mode": "offline-fake-provider"}, TIMELINE)[0])
+    assert "virtual seconds (step 0.5 s)" in texts(offline)

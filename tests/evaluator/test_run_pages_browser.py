@@ -15,7 +15,8 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from admission.models import Workspace
 from evaluator.forms import example_request
-from evaluator.harness.service import run_load_result
+from evaluator.harness.manifests import load_manifest
+from evaluator.harness.service import run_manifest
 from evaluator.models import EvaluationRun, LoadRun
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -116,18 +117,19 @@ def test_an_unfinished_evaluation_page_reloads_itself_until_the_run_ends(
 def test_a_load_run_page_plots_its_record_beside_the_numbers(
     live_server, chromium_path, operator, workspace, tmp_path
 ):
-    result = run_load_result(MANIFEST, "evaluator")
-    observations = result.record["observations"]
+    kept: list = []
+    record = run_manifest(load_manifest(MANIFEST), "evaluator", keep_timeline=kept.append)
+    observations = record["observations"]
     run = LoadRun.objects.create(
         workspace=workspace,
         submitted_by=operator,
         manifest_name=MANIFEST.name,
         target="evaluator",
         status=LoadRun.Status.COMPLETED,
-        passed=result.record["passed"],
-        manifest_digest=result.record["manifest"]["digest"],
-        record=result.record,
-        timeline=result.timeline,
+        passed=record["passed"],
+        manifest_digest=record["manifest"]["digest"],
+        record=record,
+        timeline=kept[0],
         started_at=timezone.now(),
         finished_at=timezone.now(),
     )
@@ -140,7 +142,7 @@ def test_a_load_run_page_plots_its_record_beside_the_numbers(
         charts = glance.locator("svg.sluice-chart")
         expect(charts).to_have_count(4)
         assert [charts.nth(i).get_attribute("aria-label") for i in range(4)] == [
-            "Active and queued calls over the virtual timeline",
+            "Active and queued calls over the run's timeline",
             "Admission ratio by principal class, running total",
             "Admission ratio per principal class against its bound",
             f"Shed by reason ({observations['shed']:,} of {observations['arrivals']:,} arrivals)",
