@@ -36,6 +36,7 @@ bench: install
 	$(BIN)/python benchmarks/load_harness.py
 	$(BIN)/python benchmarks/history_api.py
 	$(BIN)/python benchmarks/service.py
+	$(BIN)/python benchmarks/telemetry.py
 
 evidence: install
 	$(BIN)/python manage.py run_load_harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence

@@ -1,4 +1,5 @@
-"""`python -m config.cli run | demo-setup`: the newcomer's path to a running Sluice.
+"""`python -m config.cli run | demo-setup | web`: the newcomer's path to a running Sluice, and the
+production web server.
 
 `run` migrates, sets up the demo (idempotent), starts the web server and one Celery worker,
 prints where to go and how to sign in, and stops both on Ctrl-C or SIGTERM. With no
@@ -172,7 +173,8 @@ def run_command(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
 
     python = sys.executable
-    supervisor.start("web", [python, "manage.py", "runserver", args.addr, "--noreload"])
+    # The demo's web server is the production one (`web`), bound to the demo address.
+    supervisor.start("web", [python, "-m", "config.cli", "web", "--bind", args.addr])
     supervisor.start(
         "worker",
         [
@@ -194,7 +196,7 @@ def run_command(args: argparse.Namespace) -> int:
     )
     status = 0
     try:
-        if _wait_ready(f"http://{args.addr}/admin/login/", supervisor):
+        if _wait_ready(f"http://{args.addr}/readyz", supervisor):
             show = args.show_credentials or args.addr == DEFAULT_ADDR
             _banner(demo, args.addr, broker, database, show_credentials=show)
         while not supervisor.stopping:
@@ -209,6 +211,36 @@ def run_command(args: argparse.Namespace) -> int:
         supervisor.stop()
     print("Stopped.", flush=True)
     return status
+
+
+def web_command(args: argparse.Namespace) -> int:
+    """Collect static files (unless told not to) and serve the site with gunicorn."""
+    _setup_django()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from config.web import SluiceWebServer, web_options
+
+    if not args.no_collectstatic:
+        call_command("collectstatic", interactive=False, verbosity=0)
+    options = web_options(settings, bind=args.bind, workers=args.workers, timeout=args.timeout)
+    SluiceWebServer(options).run()
+    return 0
+
+
+def _add_web_command(commands: Any) -> None:
+    web = commands.add_parser(
+        "web", help="serve the site with gunicorn (production); see docs/deploying.md"
+    )
+    web.add_argument("--bind", help="host:port or unix:/path (default SLUICE_WEB_BIND)")
+    web.add_argument("--workers", type=int, help="worker processes (default SLUICE_WEB_WORKERS)")
+    web.add_argument("--timeout", type=int, help="request timeout, s (default SLUICE_WEB_TIMEOUT)")
+    web.add_argument(
+        "--no-collectstatic",
+        action="store_true",
+        help="serve what STATIC_ROOT holds; the deployment ran collectstatic already",
+    )
+    web.set_defaults(handler=web_command)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     setup.add_argument("--json", action="store_true", help="print the credentials as JSON")
     setup.add_argument("--addr", default=os.environ.get("SLUICE_ADDR", DEFAULT_ADDR))
     setup.set_defaults(handler=demo_setup_command)
+    _add_web_command(commands)
     args = parser.parse_args(argv)
     return int(args.handler(args))
 

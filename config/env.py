@@ -95,3 +95,28 @@ def database_from_url(url: str, base_dir: Path) -> dict[str, object]:
         resolved = Path(name) if Path(name).is_absolute() else base_dir / name
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": str(resolved)}
     raise SettingsError(f"DATABASE_URL scheme {scheme!r} is not supported (postgres or sqlite)")
+
+
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+
+
+def otlp_protocol(signal: str) -> str | None:
+    """How the standard `OTEL_*` variables ask for `signal` ("TRACES" or "METRICS") to be
+    exported: "grpc" or "http/protobuf", or None when it is not exported.
+
+    A signal is exported when the SDK is not disabled (`OTEL_SDK_DISABLED`), its exporter is
+    not `none` (`OTEL_TRACES_EXPORTER`, `OTEL_METRICS_EXPORTER`) and an endpoint is set
+    (`OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_<SIGNAL>_ENDPOINT`).
+    """
+    if env_bool("OTEL_SDK_DISABLED", False):
+        return None
+    exporter = env_choice(f"OTEL_{signal}_EXPORTER", "otlp", ("otlp", "none"))
+    endpoint = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if exporter == "none" or not endpoint:
+        return None
+    specific = os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL")
+    name = f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL" if specific else "OTEL_EXPORTER_OTLP_PROTOCOL"
+    # The specification's default; the Python SDK's own default differs by version.
+    return env_choice(name, "http/protobuf", OTLP_PROTOCOLS)

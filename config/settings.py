@@ -5,7 +5,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from config.env import database_from_url, env_bool, env_choice, env_int, env_json, env_list
+from config.env import (
+    database_from_url,
+    env_bool,
+    env_choice,
+    env_int,
+    env_json,
+    env_list,
+    otlp_protocol,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SLUICE_VAR_DIR", BASE_DIR / "var"))
@@ -152,9 +160,50 @@ SLUICE_ADMISSION_IDLE_TTL_MS = env_int("SLUICE_ADMISSION_IDLE_TTL_MS", 3_600_000
 # deployment offers no staged runs.
 SLUICE_STAGED_PROVIDER = env_json("SLUICE_STAGED_PROVIDER", None)
 
+# ---------------------------------------------------------------------------------------------
+# Serving, health, logs and telemetry: what a production deployment sets (docs/deploying.md).
+
+# Probes answer before host validation (orchestrators call the pod's address); WhiteNoise serves
+# the collected static files right after SecurityMiddleware, as its documentation asks.
+MIDDLEWARE.insert(0, "config.health.HealthCheckMiddleware")
+_security = MIDDLEWARE.index("django.middleware.security.SecurityMiddleware")
+MIDDLEWARE.insert(_security + 1, "whitenoise.middleware.WhiteNoiseMiddleware")
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Compressed copies without hashed names: pages render whether or not collectstatic ran.
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+
+# `python -m config.cli web`: gunicorn's bind address, worker processes and timeouts (seconds).
+SLUICE_WEB_BIND = os.environ.get("SLUICE_WEB_BIND", "127.0.0.1:8000")
+SLUICE_WEB_WORKERS = env_int("SLUICE_WEB_WORKERS", 2, minimum=1)
+SLUICE_WEB_THREADS = env_int("SLUICE_WEB_THREADS", 1, minimum=1)
+SLUICE_WEB_TIMEOUT = env_int("SLUICE_WEB_TIMEOUT", 30, minimum=1)
+SLUICE_WEB_GRACEFUL_TIMEOUT = env_int("SLUICE_WEB_GRACEFUL_TIMEOUT", 30, minimum=1)
+SLUICE_WEB_KEEPALIVE = env_int("SLUICE_WEB_KEEPALIVE", 5, minimum=0)
+
+# /readyz: how long one dependency (broker, Redis) may take to answer before it counts as down.
+SLUICE_HEALTH_TIMEOUT_SECONDS = env_int("SLUICE_HEALTH_TIMEOUT_SECONDS", 2, minimum=1)
+
+# Logs: "text" for people, "json" (one object per line) for collectors.
+SLUICE_LOG_FORMAT = env_choice("SLUICE_LOG_FORMAT", "text", ("text", "json"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "config.logs.JsonFormatter"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": SLUICE_LOG_FORMAT},
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("SLUICE_LOG_LEVEL", "INFO")},
 }
+# Celery replaces the root logger's handlers unless told not to; JSON logs must survive that.
+CELERY_WORKER_HIJACK_ROOT_LOGGER = SLUICE_LOG_FORMAT != "json"
+
+# OpenTelemetry: exported over OTLP when the standard OTEL_EXPORTER_OTLP_* variables name an
+# endpoint; the exporters read the rest of those variables (headers, timeout, TLS) themselves.
+SLUICE_OTEL_SERVICE_NAME = os.environ.get("OTEL_SERVICE_NAME", "") or "sluice"
+SLUICE_OTLP_TRACES_PROTOCOL = otlp_protocol("TRACES")
+SLUICE_OTLP_METRICS_PROTOCOL = otlp_protocol("METRICS")

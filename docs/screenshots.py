@@ -3,7 +3,8 @@
 Sets up a throwaway embedded deployment (SQLite and the filesystem broker in a temporary
 directory), starts its web server and worker, and drives the admin with a headless Chromium
 (`SLUICE_CHROMIUM`, default /usr/bin/chromium) at 1280 x 860: propose, run a what-if, approve,
-activate, roll back, run an evaluation and a load run. PNGs go to docs/img/.
+activate, roll back, run an evaluation and a load run. PNGs go to docs/img/; `--only 19,23`
+writes only those shots (the tour still runs every step, since later steps need earlier ones).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Page, expect, sync_playwright
 
 # Run as a script from anywhere: the project root is where config/ and manage.py live.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -37,6 +39,19 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _wait_ready(url: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"{url} did not answer 200 within {timeout} s")
 
 
 @contextmanager
@@ -67,7 +82,7 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
         log = (Path(tmp) / "processes.log").open("wb")
         children = [
             subprocess.Popen(
-                [python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                [python, "-m", "config.cli", "web", "--bind", f"127.0.0.1:{port}"],
                 cwd=ROOT,
                 env=env,
                 stdout=log,
@@ -82,7 +97,7 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
             ),
         ]
         try:
-            time.sleep(4)
+            _wait_ready(f"http://127.0.0.1:{port}/readyz")
             yield f"http://127.0.0.1:{port}", {u["username"]: u["password"] for u in demo["users"]}
         finally:
             for child in children:
@@ -93,14 +108,23 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
 
 
 class Tour:
-    def __init__(self, page: Page, base: str, passwords: dict[str, str]) -> None:
+    def __init__(
+        self, page: Page, base: str, passwords: dict[str, str], only: set[str] | None = None
+    ) -> None:
         self.page = page
         self.base = base
         self.passwords = passwords
+        self.only = only
 
-    def shot(self, name: str, *, full_page: bool = False) -> None:
+    def shot(self, name: str, *, full_page: bool = False, selector: str | None = None) -> None:
+        if self.only is not None and name.split("-", 1)[0] not in self.only:
+            return
         IMG.mkdir(parents=True, exist_ok=True)
-        self.page.screenshot(path=str(IMG / f"{name}.png"), full_page=full_page)
+        path = str(IMG / f"{name}.png")
+        if selector is not None:
+            self.page.locator(selector).screenshot(path=path)
+        else:
+            self.page.screenshot(path=path, full_page=full_page)
         print(f"docs/img/{name}.png")
 
     def go(self, path: str) -> None:
@@ -143,19 +167,15 @@ def tightened(label: str, **principal_limits: object) -> dict[str, Any]:
     return document
 
 
-def wait_for_status(page: Page, seconds: float, *, field: str = ".field-status .readonly") -> None:
-    """Reload a run's page until its status is neither queued nor running."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        page.reload()
-        status = page.locator(field).first.inner_text().strip().lower()
-        if "queued" not in status and "running" not in status:
-            return
-        time.sleep(1)
+def wait_for_status(page: Page, seconds: float) -> None:
+    """A run's page reloads itself while the run is queued or running; wait for the last one."""
+    page.wait_for_url("**/change/")
+    expect(page.locator("#run-refresh")).to_have_count(0, timeout=seconds * 1000)
+    page.wait_for_load_state()
 
 
-def tour(page: Page, base: str, passwords: dict[str, str]) -> None:
-    t = Tour(page, base, passwords)
+def tour(page: Page, base: str, passwords: dict[str, str], only: set[str] | None = None) -> None:
+    t = Tour(page, base, passwords, only)
     versions = "/admin/admission/profileversion/"
 
     t.login("demo-proposer", shot="01-login")
@@ -223,17 +243,24 @@ def tour(page: Page, base: str, passwords: dict[str, str]) -> None:
     page.click("input[name=_start]")
     wait_for_status(page, 180)
     t.shot("22-load-run-record", full_page=True)
+    t.shot("23-load-run-charts", selector="#run-glance")
 
 
 def main() -> int:
+    import argparse
+
     import django
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated shot numbers to write, e.g. 19,22,23")
+    args = parser.parse_args()
+    only = {part.strip() for part in args.only.split(",")} if args.only else None
     django.setup()
     with deployment() as (base, passwords), sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         page = browser.new_page(viewport=VIEWPORT)
         try:
-            tour(page, base, passwords)
+            tour(page, base, passwords, only)
         finally:
             browser.close()
     return 0

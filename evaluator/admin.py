@@ -7,17 +7,20 @@ import json
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from admission.admin import NoEditAdminMixin, ReadOnlyAdminMixin
 from evaluator import services
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
+from evaluator.load_charts import load_run_glance
 from evaluator.models import EvaluationRun, LoadRun, Receipt
 
 
@@ -60,12 +63,31 @@ def _run_form_page(
 
 
 class RunAdminMixin(NoEditAdminMixin):
-    """Rows written by workers: viewable, never changed or deleted by hand."""
+    """Rows written by workers: viewable, never changed or deleted by hand; the page of an
+    unfinished run reloads itself every `REFRESH_SECONDS`."""
+
+    REFRESH_SECONDS = 3
+    change_form_template: Any = "admin/evaluator/run_change_form.html"
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        run = self.get_object(request, unquote(object_id))  # type: ignore[attr-defined]
+        context = dict(extra_context or {})
+        if run is not None and not run.finished:
+            context["refresh_seconds"] = self.REFRESH_SECONDS
+        return super().change_view(request, object_id, form_url, context)  # type: ignore[misc]
 
     @admin.display(description="duration")
     def duration(self, obj: EvaluationRun | LoadRun) -> str:
-        if obj.started_at is None or obj.finished_at is None:
+        if obj.started_at is None:
             return "—"
+        if obj.finished_at is None:
+            return f"{(timezone.now() - obj.started_at).total_seconds():.1f} s so far"
         return f"{(obj.finished_at - obj.started_at).total_seconds():.2f} s"
 
     @admin.display(description="error")
@@ -106,6 +128,7 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
         "created_at",
         "started_at",
         "finished_at",
+        "updated_at",
         "duration",
         "error_pretty",
         "outcomes",
@@ -234,6 +257,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
         "created_at",
         "started_at",
         "finished_at",
+        "updated_at",
         "duration",
         "error_pretty",
         "comparisons",
@@ -244,6 +268,15 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_staff and request.user.has_perm(services.LOAD_RUN_PERMISSION))
+
+    def render_change_form(
+        self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """The page leads with the record's charts, each beside the numbers it shows."""
+        run = context.get("original")
+        if run is not None:
+            context["glance"] = load_run_glance(run.record, run.timeline)
+        return super().render_change_form(request, context, *args, **kwargs)
 
     @admin.display(description="decision-load-result/v1")
     def record_pretty(self, obj: LoadRun) -> SafeString:

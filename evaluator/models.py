@@ -132,7 +132,8 @@ class EvaluationRun(WorkerRun):
 class LoadRun(WorkerRun):
     """One run of a preregistered load manifest against a harness target, started by staff.
 
-    ``record`` is the digest-bound ``decision-load-result/v1`` record the harness produced. A
+    ``record`` is the digest-bound ``decision-load-result/v1`` record the harness produced and
+    ``timeline`` the bounded series its page plots, kept beside the record, outside its digest. A
     what-if run names ``what_if_version``: the manifest's arrivals ran against that version's
     limits, with ``mapping`` (manifest id → profile id) as requested, and its record has mode
     ``what-if``, which never counts as gate evidence.
@@ -163,6 +164,7 @@ class LoadRun(WorkerRun):
         blank=True,
     )
     mapping = models.JSONField(null=True, blank=True)
+    timeline = models.JSONField(null=True, blank=True)
 
     class Meta(WorkerRun.Meta):
         indexes = [

@@ -21,7 +21,7 @@ from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS, LoadManifest, load_manifest
 from evaluator.harness.records import TARGET_STAGED
 from evaluator.harness.replay import WORKSPACE_ID
-from evaluator.harness.service import LOAD_TARGETS, run_manifest
+from evaluator.harness.service import LOAD_TARGETS, KeepTimeline, run_manifest
 from evaluator.harness.staged_target import (
     StagedConfigError,
     check_capacity,
@@ -122,8 +122,9 @@ def _endpoints(manifest: LoadManifest) -> dict[str, Any]:
     return staged_endpoints(sorted(manifest.section("providers")))
 
 
-def execute(run: LoadRun) -> dict[str, Any]:
-    """Run the harness for ``run`` and return its record.
+def execute(run: LoadRun, keep_timeline: KeepTimeline | None = None) -> dict[str, Any]:
+    """Run the harness for ``run`` and return its record; ``keep_timeline`` receives the run's
+    timeline for its page.
 
     Raises ``FileNotFoundError`` for a manifest that left ``manifests/``, ``LoadHarnessError``
     for a run the harness refuses and ``AdapterConfigError`` for a staged run whose deployment
@@ -131,7 +132,15 @@ def execute(run: LoadRun) -> dict[str, Any]:
     """
     manifest = load_manifest(manifest_path(run.manifest_name))
     if run.what_if_version is not None:
-        return run_what_if(manifest, run.what_if_version.document, run.target, mapping=run.mapping)
+        return run_what_if(
+            manifest,
+            run.what_if_version.document,
+            run.target,
+            mapping=run.mapping,
+            keep_timeline=keep_timeline,
+        )
     if run.target == TARGET_STAGED:
-        return run_staged(manifest, _endpoints(manifest), staged_window_seconds())
-    return run_manifest(manifest, run.target)
+        return run_staged(
+            manifest, _endpoints(manifest), staged_window_seconds(), keep_timeline=keep_timeline
+        )
+    return run_manifest(manifest, run.target, keep_timeline=keep_timeline)

@@ -24,6 +24,7 @@ from django.utils import timezone
 from admission import refresh, runtime, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
+from config.telemetry import evaluator_telemetry
 from evaluator import qualification
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
@@ -259,7 +260,11 @@ async def _evaluate(
     profile = registry.current_profile(request.workspace_id)
     try:
         result = await evaluate_decision_ruleset(
-            request, registry=registry, adapters=adapters, receipt_store=store
+            request,
+            registry=registry,
+            adapters=adapters,
+            receipt_store=store,
+            telemetry=evaluator_telemetry(),
         )
     finally:
         for adapter in adapters.values():
@@ -347,8 +352,9 @@ def load_run_execute(run_id: str | uuid.UUID) -> LoadRun | None:
     run = _claim(LoadRun, run_id)
     if run is None or run.finished:
         return run
+    timelines: list[Any] = []
     try:
-        record = qualification.execute(run)
+        record = qualification.execute(run, keep_timeline=timelines.append)
     except FileNotFoundError:
         return _fail(run, "manifest-missing", f"{run.manifest_name} is not under manifests/")
     except LoadHarnessError as error:
@@ -359,6 +365,7 @@ def load_run_execute(run_id: str | uuid.UUID) -> LoadRun | None:
         run,
         status=LoadRun.Status.COMPLETED,
         record=record,
+        timeline=timelines[-1] if timelines else None,
         passed=bool(record.get("passed")),
         manifest_digest=record.get("manifest", {}).get("digest", ""),
     )

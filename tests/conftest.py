@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Generator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,3 +28,12 @@ def _in_process_admission(settings: Any) -> None:
     # coordination and the service tests, which run real deployments): a test's workspaces
     # must not meet another test's in a shared Redis.
     settings.SLUICE_ADMISSION_REDIS_URL = ""
+
+
+@pytest.fixture
+def chromium_path() -> str:
+    """The Chromium that browser tests drive (SLUICE_CHROMIUM); skips when there is none."""
+    path = os.environ.get("SLUICE_CHROMIUM", "/usr/bin/chromium")
+    if not (Path(path).exists() or shutil.which(path)):
+        pytest.skip(f"no Chromium at {path}")
+    return path

@@ -59,9 +59,16 @@ class EvaluatorTelemetry:
         )
 
     def watch(self, registry: AdmissionRegistry) -> None:
-        """Follow ``registry``'s decision events (deferrals); idempotent."""
+        """Follow ``registry``'s decision events (deferrals) and breaker transitions; idempotent.
+
+        Transitions are counted from the registry, not from lease evidence: a coordinated
+        controller learns of the transition a release caused only after the release returned.
+        """
         if registry not in self._watched:
-            self._watched[registry] = registry.on_decision(self._on_decision)
+            self._watched[registry] = (
+                registry.on_decision(self._on_decision),
+                registry.on_breaker_transition(self._on_transition),
+            )
 
     def start(self, request: AdmissionRequest, adapter_id: str) -> AdmissionSpan:
         """Open the span of an admission request that is about to be made."""
@@ -90,9 +97,13 @@ class EvaluatorTelemetry:
         if decision != "admit":
             self._throttles.add(1, {"decision": labels["decision"], "reason": labels["reason"]})
 
-    def _transition(self, from_state: str, to_state: str) -> None:
+    def _on_transition(self, transition: Any) -> None:
         self._transitions.add(
-            1, {"from": _word(from_state, _BREAKER_STATES), "to": _word(to_state, _BREAKER_STATES)}
+            1,
+            {
+                "from": _word(transition.from_state, _BREAKER_STATES),
+                "to": _word(transition.to_state, _BREAKER_STATES),
+            },
         )
 
 
@@ -159,7 +170,8 @@ class AdmissionSpan:
         self._close()
 
     def released(self, evidence: Any) -> None:
-        """The admitted attempt gave its lease back; transitions it caused become events."""
+        """The admitted attempt gave its lease back; transitions it caused, as far as the lease's
+        evidence knows them yet, become events of the span."""
         if self._span is None:
             return
         self._emit_transitions(evidence)
@@ -204,5 +216,4 @@ class AdmissionSpan:
                     "breaker.failures": int(transition.failures),
                 },
             )
-            self._telemetry._transition(transition.from_state, transition.to_state)
         self._emitted = max(self._emitted, len(transitions))

@@ -12,6 +12,7 @@ from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.records import MODE_OFFLINE
 from evaluator.harness.tally import LoadTally
 from evaluator.harness.target import Progress, TargetRun, window
+from evaluator.harness.timeline import TimelineSampler
 
 __all__ = ["WORKSPACE_ID", "TimelineDriver"]
 
@@ -43,6 +44,7 @@ class TimelineDriver:
         self.max_retries = int(model.get("maxRetries", 0))
         self.backoff_ms = float(model.get("retryBackoffMs", 0))
         self.tally = LoadTally()
+        self.timeline = TimelineSampler(self.tally, end_ms)
         self.loop = self._new_loop()
         self.clock = self.loop.clock
         self.registry = AdmissionRegistry(clock=self.clock, rng=random.Random(model["seed"]))
@@ -69,11 +71,13 @@ class TimelineDriver:
         if self._error is not None:
             raise self._error
         duration_ms = self.clock.monotonic_ms()
+        self.timeline.sample(duration_ms)
         return TargetRun(
             mode=self.mode,
             window=window(self.end_ms),
             observations=self.tally.observations(duration_ms),
             virtual_duration_ms=duration_ms,
+            timeline=self.timeline.to_dict(),
         )
 
     def _arrive(self, arrival: Arrival) -> None:
@@ -93,6 +97,7 @@ class TimelineDriver:
             self._drained.set_result(None)
         if self.progress is not None:
             self._report_progress()
+        loop.call_later(self.timeline.step_ms / 1000.0, self._sample)
         await self._drained
         if self.progress is not None:
             self.progress(1.0)
@@ -102,6 +107,15 @@ class TimelineDriver:
         self.progress(min(self.clock.monotonic_ms() / self.end_ms, 1.0))
         if self._pending is not None:
             self.loop.call_later(self.end_ms / 100_000.0, self._report_progress)
+
+    def _sample(self) -> None:
+        drained = self._drained
+        if drained is not None and drained.done():
+            return
+        now_ms = self.clock.monotonic_ms()
+        self.timeline.sample(now_ms)
+        if self.timeline.sampling(now_ms):
+            self.loop.call_later(self.timeline.step_ms / 1000.0, self._sample)
 
     def _release_due(self) -> None:
         # Arrivals of the same millisecond start together, in timeline order.

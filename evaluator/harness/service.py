@@ -1,7 +1,8 @@
 """The one entry point of the harness: run a manifest against a target and get its record.
 
-The management command and the Celery task both call ``run_load``; neither decides the mode,
-which is whatever the path that actually ran reports.
+The management command and the Celery task both run a manifest here; neither decides the mode,
+which is whatever the path that actually ran reports. A caller that plots the run passes
+``keep_timeline``: it receives the run's bounded timeline, which stays out of the record.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from evaluator.harness.target import LoadTarget, Progress, TargetRun
 
 __all__ = [
     "LOAD_TARGETS",
+    "KeepTimeline",
     "evidence_path",
     "measure",
     "run_load",
@@ -29,6 +31,9 @@ __all__ = [
     "run_target",
     "write_record",
 ]
+
+# Receives a run's timeline (evaluator/harness/timeline.py), kept beside its record.
+KeepTimeline = Callable[[Mapping[str, Any]], None]
 
 LOAD_TARGETS: Mapping[str, LoadTarget] = {
     target.name: target for target in (CONTROLLER_TARGET, EVALUATOR_TARGET)
@@ -48,11 +53,12 @@ def measure(
     manifest: LoadManifest,
     make_arrivals: Callable[[], list[Arrival]],
     progress: Progress | None = None,
+    keep_timeline: KeepTimeline | None = None,
 ) -> tuple[TargetRun, dict[str, Any]]:
     """Build the timeline, run it through ``runner`` and sample the host while it runs.
 
     Returns what the target observed and the record's ``resources``; the timeline is the run's
-    input, so its CPU is counted with the run's.
+    input, so its CPU is counted with the run's. ``keep_timeline`` gets the run's sampled series.
     """
     arrivals, timeline_cpu = cpu_time_of(make_arrivals)
     heap = HeapSampler()
@@ -65,17 +71,24 @@ def measure(
     timed, run_cpu = cpu_time_of(lambda: runner.run(manifest, arrivals, tick))
     heap.sample()
     used = resources(timed.virtual_duration_ms, timeline_cpu + run_cpu, heap.peak_bytes)
+    if keep_timeline is not None and timed.timeline is not None:
+        keep_timeline(timed.timeline)
     return timed, used
 
 
 def run_target(
-    manifest: LoadManifest, runner: LoadTarget, progress: Progress | None = None
+    manifest: LoadManifest,
+    runner: LoadTarget,
+    progress: Progress | None = None,
+    keep_timeline: KeepTimeline | None = None,
 ) -> dict[str, Any]:
     """Release ``manifest``'s arrivals over ``runner``'s window; returns the record, whose mode
     is the one the runner reports."""
     model = ArrivalModel.from_manifest(manifest)
     end_ms = runner.window_end_ms(manifest)
-    timed, used = measure(runner, manifest, lambda: generate_arrivals(model, end_ms), progress)
+    timed, used = measure(
+        runner, manifest, lambda: generate_arrivals(model, end_ms), progress, keep_timeline
+    )
     return build_record(
         manifest=manifest,
         mode=timed.mode,
@@ -87,10 +100,13 @@ def run_target(
 
 
 def run_manifest(
-    manifest: LoadManifest, target: str, progress: Progress | None = None
+    manifest: LoadManifest,
+    target: str,
+    progress: Progress | None = None,
+    keep_timeline: KeepTimeline | None = None,
 ) -> dict[str, Any]:
     """Run an already loaded (hence registered) manifest; returns the digest-bound record."""
-    return run_target(manifest, _target(target), progress)
+    return run_target(manifest, _target(target), progress, keep_timeline)
 
 
 def run_load(

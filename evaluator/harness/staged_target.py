@@ -39,7 +39,7 @@ from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.observed import ObservedAdapter
 from evaluator.harness.records import MODE_STAGED, TARGET_STAGED
 from evaluator.harness.replay import WORKSPACE_ID
-from evaluator.harness.service import run_target
+from evaluator.harness.service import KeepTimeline, run_target
 from evaluator.harness.target import LoadTarget, Progress, TargetRun
 
 __all__ = [
@@ -217,6 +217,7 @@ def run_staged(
     endpoints: Mapping[str, StagedEndpoint],
     window_seconds: float,
     progress: Progress | None = None,
+    keep_timeline: KeepTimeline | None = None,
 ) -> dict[str, Any]:
     """Run the first ``window_seconds`` of ``manifest`` at real time against ``endpoints``
     (manifest provider id → endpoint) and return the ``staged-provider`` record.
@@ -233,4 +234,4 @@ def run_staged(
         return StagedDriver(manifest, arrivals, end_ms, endpoints, tick).run()
 
     runner = LoadTarget(name=TARGET_STAGED, window_end_ms=lambda _m: end_ms, run=drive)
-    return run_target(manifest, runner, progress)
+    return run_target(manifest, runner, progress, keep_timeline)

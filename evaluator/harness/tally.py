@@ -23,6 +23,8 @@ class LoadTally:
         "max_cancellation_latency_ms",
         "max_lane_wait_ms",
         "max_queued",
+        "peak_active",
+        "peak_queued",
         "queued",
         "shed",
         "shed_reasons",
@@ -40,6 +42,10 @@ class LoadTally:
         self.queued = 0
         self.max_active = 0
         self.max_queued = 0
+        # Highs since the timeline's last sample; the sampler resets them (a run without one
+        # leaves them equal to the maxima).
+        self.peak_active = 0
+        self.peak_queued = 0
         self.max_lane_wait_ms = 0.0
         self.max_cancellation_latency_ms = 0.0
         self.arrivals_by_class: dict[str, int] = {}
@@ -55,16 +61,20 @@ class LoadTally:
 
     def activate(self) -> None:
         self.active += 1
-        if self.active > self.max_active:
-            self.max_active = self.active
+        if self.active > self.peak_active:
+            self.peak_active = self.active
+            if self.active > self.max_active:
+                self.max_active = self.active
 
     def deactivate(self) -> None:
         self.active -= 1
 
     def enqueue(self) -> None:
         self.queued += 1
-        if self.queued > self.max_queued:
-            self.max_queued = self.queued
+        if self.queued > self.peak_queued:
+            self.peak_queued = self.queued
+            if self.queued > self.max_queued:
+                self.max_queued = self.queued
 
     def dequeue(self) -> None:
         self.queued -= 1

@@ -23,6 +23,8 @@ class TargetRun:
     window: Mapping[str, Any]
     observations: Mapping[str, Any]
     virtual_duration_ms: float
+    # The bounded series for the run page's charts; kept beside the record, never in it.
+    timeline: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

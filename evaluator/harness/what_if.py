@@ -31,7 +31,7 @@ from evaluator.harness.errors import LoadHarnessError, UnknownTargetError
 from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.records import MODE_WHAT_IF, build_record
 from evaluator.harness.replay import WORKSPACE_ID
-from evaluator.harness.service import LOAD_TARGETS, measure
+from evaluator.harness.service import LOAD_TARGETS, KeepTimeline, measure
 from evaluator.harness.target import Progress
 
 __all__ = ["IdMapping", "WhatIfError", "map_ids", "run_what_if"]
@@ -142,6 +142,7 @@ def run_what_if(
     *,
     mapping: Any = None,
     progress: Progress | None = None,
+    keep_timeline: KeepTimeline | None = None,
 ) -> dict[str, Any]:
     """Run ``manifest``'s arrivals through ``target`` under ``profile_document``'s limits.
 
@@ -177,7 +178,7 @@ def run_what_if(
     limited = dataclasses.replace(
         manifest, document={**manifest.document, **{key: written[key] for key in _PROFILE_KEYS}}
     )
-    timed, used = measure(runner, limited, arrivals, progress)
+    timed, used = measure(runner, limited, arrivals, progress, keep_timeline)
     return build_record(
         manifest=manifest,
         mode=MODE_WHAT_IF,

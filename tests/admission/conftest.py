@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -150,14 +148,6 @@ def approved(
         return version
 
     return make
-
-
-@pytest.fixture
-def chromium_path() -> str:
-    path = os.environ.get("SLUICE_CHROMIUM", "/usr/bin/chromium")
-    if not (Path(path).exists() or shutil.which(path)):
-        pytest.skip(f"no Chromium at {path}")
-    return path
 
 
 @pytest.fixture
