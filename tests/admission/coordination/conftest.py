@@ -7,12 +7,7 @@ key prefix of the test's own. Tests that stop Redis use a private `redis-server`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -24,6 +19,7 @@ import redis
 
 from admission.coordination import CoordinationSettings, RedisCoordinator
 from admission.core import AdmissionRegistry, AdmissionRequest, Estimate, Profile
+from tests.private_services import PrivateRedis
 
 WORKSPACE = "ws-1"
 SHARED_REDIS = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/8")
@@ -188,64 +184,11 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0, step: float
         await asyncio.sleep(step)
 
 
-class PrivateRedis:
-    """A redis-server of the test's own on a free port, which the test may stop and start."""
-
-    def __init__(self) -> None:
-        self.binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-        self.dir = tempfile.mkdtemp(prefix="sluice-redis-")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = int(sock.getsockname()[1])
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while not _reachable(self.url):
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                raise RuntimeError("private redis-server did not start")
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=10)
-            if self.process.poll() is None:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-    def cleanup(self) -> None:
-        self.stop()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @pytest.fixture
 def private_redis() -> Iterator[PrivateRedis]:
-    if not os.path.exists(shutil.which("redis-server") or "/usr/bin/redis-server"):
-        pytest.skip("redis-server is not installed")
+    """A Redis of the test's own, which the test may stop and start again."""
     server = PrivateRedis()
-    server.start()
     try:
         yield server
     finally:
-        server.cleanup()
+        server.destroy()

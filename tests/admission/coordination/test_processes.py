@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from tests.admission.coordination.conftest import SHARED_REDIS, PrivateRedis, _reachable
+from tests.admission.coordination.conftest import SHARED_REDIS, _reachable
 from tests.evaluator.loopback import LoopbackServer, Reply
+from tests.private_services import PrivateRedis
 
 ROOT = Path(__file__).resolve().parents[3]
 SETTINGS = {"lease_ttl_ms": 1500, "heartbeat_ms": 100, "recovery_grace_ms": 500, "timeout_ms": 300}
