@@ -443,8 +443,9 @@ class CoordinatedController:
         """One acquire script call, after making sure Redis holds this process's revision."""
         request = ticket.request
         if self._writes:
-            # This process's own releases land first, so it does not queue behind itself.
-            await asyncio.wait(self._writes, timeout=self._coordinator.settings.timeout_ms / 1000)
+            # Releases this process started go on the wire first (one loop turn, no waiting for
+            # their answers), so a serial caller does not queue behind its own permit.
+            await asyncio.sleep(0)
         stale = 0
         while True:
             now = self._clock.monotonic_ms()
@@ -463,8 +464,11 @@ class CoordinatedController:
                 ticket.attempts,
                 "" if dwell is None else repr(float(dwell)),
                 "" if deadline is None else repr(max(0.0, deadline - now)),
+                "1" if self.workspace_id in self._coordinator.registered else "",
             )
             status = result["st"]
+            if status in ("admit", "queued"):
+                self._coordinator.registered.add(self.workspace_id)
             if status in ("admit", "reject", "queued"):
                 return result
             if status == "recovering":

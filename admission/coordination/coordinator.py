@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from admission.coordination.scripts import ENTRIES, source
+from admission.coordination.scripts import function_name, is_missing_function, library_code
 from admission.coordination.settings import CoordinationSettings
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 LISTEN_BLOCK_SECONDS = 1.0
 # A process that has not renewed its lease for this share of the TTL stops trusting it.
 LEASE_DOUBT_SHARE = 0.8
+# Connections one process opens for decisions (the heartbeat and the listener have their own).
+POOL_CONNECTIONS = 32
 
 StaleHandler = Callable[[str], Awaitable[None]]
 
@@ -68,12 +70,11 @@ class RedisCoordinator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._client: aioredis.Redis | None = None
         self._listen_client: aioredis.Redis | None = None
-        self._scripts: dict[str, Any] = {}
         self._sync_client: redis.Redis | None = None
-        self._sync_scripts: dict[str, Any] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._resync_lock: asyncio.Lock | None = None
+        self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
         self.waiters: dict[str, Waiter] = {}
         self.leases: dict[str, CoordinatedLease] = {}
         self.controllers: dict[str, CoordinatedController] = {}
@@ -81,6 +82,9 @@ class RedisCoordinator:
         self.local_counts: dict[str, Counter[str]] = {}
         # Script calls by name (benchmarks and tests count round trips per decision).
         self.round_trips: Counter[str] = Counter()
+        # Heartbeat has registered this process; workspaces it is registered in (P:pw).
+        self._announced = False
+        self.registered: set[str] = set()
         self._closed = False
 
     # ------------------------------------------------------------------ factory
@@ -117,18 +121,19 @@ class RedisCoordinator:
         no_retry = Retry(NoBackoff(), 0)
         self._client = aioredis.Redis.from_url(
             self.settings.url,
+            max_connections=POOL_CONNECTIONS,
             socket_timeout=timeout,
             socket_connect_timeout=timeout,
             retry=no_retry,
-            health_check_interval=0,
         )
+        # Callers beyond the pool's size wait their turn here (cheaper than a blocking pool).
+        self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
         self._listen_client = aioredis.Redis.from_url(
             self.settings.url,
             socket_timeout=LISTEN_BLOCK_SECONDS + max(timeout, 1.0),
             socket_connect_timeout=timeout,
             retry=no_retry,
         )
-        self._scripts = {name: self._client.register_script(source(name)) for name in ENTRIES}
         self._resync_lock = asyncio.Lock()
         self._loop = loop
         self._tasks = [
@@ -185,11 +190,27 @@ class RedisCoordinator:
     async def call(self, name: str, workspace_id: str, *args: Any) -> dict[str, Any]:
         """Run one script; one round trip. Raises `CoordinationUnavailable`."""
         self._bind()
-        script = self._scripts[name]
+        if not self._announced and name != "heartbeat":
+            # The process is known to the deployment (alive, reapable) before its first decision.
+            await self._heartbeat()
+        assert self._client is not None
         self.round_trips[name] += 1
+        arguments = [*self._header(workspace_id), *args]
         try:
-            raw = await script(keys=[], args=[*self._header(workspace_id), *args])
-        except (TimeoutError, redis.RedisError, OSError) as error:
+            try:
+                async with self._slots:
+                    raw = await self._client.fcall(function_name(name), 0, *arguments)
+            except redis.ResponseError as error:
+                if not is_missing_function(error):
+                    raise
+                # A Redis that restarted has lost the library: load it and call again.
+                await self._client.function_load(library_code(), replace=True)
+                raw = await self._client.fcall(function_name(name), 0, *arguments)
+        except redis.ResponseError as error:
+            # A function that fails is a bug, not an outage: say so loudly, and fail closed.
+            logger.error("admission function %s failed: %s", name, error)
+            raise CoordinationUnavailable(f"function {name} failed: {error}") from error
+        except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         result: dict[str, Any] = json.loads(raw)
         self.last_renewal = time.monotonic()
@@ -206,14 +227,18 @@ class RedisCoordinator:
             self._sync_client = redis.Redis.from_url(
                 self.settings.url, socket_timeout=timeout, socket_connect_timeout=timeout
             )
-            self._sync_scripts = {
-                entry: self._sync_client.register_script(source(entry)) for entry in ENTRIES
-            }
         header = self._header(workspace_id)
         # A synchronous caller cannot re-assert permits; it speaks for no epoch.
         header[5] = ""
+        client = self._sync_client
         try:
-            raw = self._sync_scripts[name](keys=[], args=[*header, *args])
+            try:
+                raw = client.fcall(function_name(name), 0, *header, *args)
+            except redis.ResponseError as error:
+                if not is_missing_function(error):
+                    raise
+                client.function_load(library_code(), replace=True)
+                raw = client.fcall(function_name(name), 0, *header, *args)
         except (redis.RedisError, OSError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         result: dict[str, Any] = json.loads(raw)
@@ -240,6 +265,7 @@ class RedisCoordinator:
                 len(self.waiters),
             )
             self.epoch = epoch
+            self.registered.clear()
             await self._reassert()
             for waiter in list(self.waiters.values()):
                 waiter.controller.requeue(waiter)
@@ -280,6 +306,7 @@ class RedisCoordinator:
             for ws, counter in counts.items():
                 self.local_counts.setdefault(ws, Counter()).update(counter)
             raise
+        self._announced = True
         self.live_processes = int(result.get("live") or 1)
         for entry in result.get("audit") or ():
             waiter = self.waiters.get(str(entry["id"]))
@@ -291,6 +318,8 @@ class RedisCoordinator:
             else:
                 logger.warning("waiter %s is no longer queued in Redis; queueing again", waiter.id)
                 waiter.controller.requeue(waiter)
+        if result.get("nb"):
+            self.registered.clear()
         if result.get("nb") and self.leases:
             # This process had been given up for dead (its lease lapsed): its permits were
             # returned to the pool, so it puts back the ones it still holds.
@@ -312,7 +341,9 @@ class RedisCoordinator:
             assert client is not None
             try:
                 item = await client.blpop([key], timeout=LISTEN_BLOCK_SECONDS)
-            except (TimeoutError, redis.RedisError, OSError):
+            except Exception as error:
+                # Whatever broke the connection, the listener must live on: waiters depend on it.
+                logger.debug("admission grant listener: %s: %s", type(error).__name__, error)
                 await asyncio.sleep(self.settings.heartbeat_ms / 1000.0)
                 continue
             if item is None:

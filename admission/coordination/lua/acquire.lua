@@ -1,17 +1,18 @@
 -- Admit now, queue fairly, or refuse. ARGV from 9: revision, request id, principal, provider,
--- budget id, tokens, cost, attempts, dwell limit (ms), deadline (ms from now).
-local done, epoch, reborn = open_ws(true)
+-- budget id, tokens, cost, attempts, dwell limit (ms), deadline (ms from now), '1' when the
+-- caller has this workspace registered for its process already.
+local done, epoch = open_ws(true)
 if done then return done end
-local rev = redis.call('HGET', PROF, 'rev')
-if not rev then return reply({st = 'noprofile', ep = epoch}) end
-if rev ~= ARGV[9] then
-  return reply({st = 'stale', ep = epoch, rev = rev, seq = tonumber(redis.call('HGET', PROF, 'pseq'))})
-end
-reap()
+REGISTERED = ARGV[19] == '1'
 local w = {
   id = ARGV[10], pid = ARGV[11], prov = ARGV[12], bud = ARGV[13], proc = PROC,
   tok = tonumber(ARGV[14]), cost = tonumber(ARGV[15]), att = tonumber(ARGV[16]), arr = NOW,
 }
+local rev = preload('W', 'P:' .. w.pid, 'V:' .. w.prov, 'rsv')
+if not rev then return reply({st = 'noprofile', ep = epoch}) end
+if rev ~= ARGV[9] then
+  return reply({st = 'stale', ep = epoch, rev = rev, seq = tonumber(redis.call('HGET', PROF, 'pseq'))})
+end
 local lp, lw, lv = limits('P:' .. w.pid), limits('W'), limits('V:' .. w.prov)
 if not lp then return reply({st = 'reject', reason = 'unconfigured-principal', ep = epoch}) end
 if not lv then return reply({st = 'reject', reason = 'unconfigured-provider', ep = epoch}) end
@@ -21,7 +22,6 @@ local function refuse(reason)
   ev.st = 'reject'
   ev.reason = reason
   ev.ep = epoch
-  ev.nb = reborn
   if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
   return reply(ev)
 end
@@ -39,8 +39,7 @@ if redis.call('LLEN', qk) == 0 then
     count_delay(w.prov, 0)
     ev.st = 'admit'
     ev.ep = epoch
-    ev.nb = reborn
-    if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
+      if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
     return reply(ev)
   end
   if verdict == 'reject' then return refuse(reason) end
@@ -71,7 +70,7 @@ for _, s in ipairs({sp, sw, sv, sx}) do
   s.q = s.q + 1
   touch(s)
 end
-redis.call('SADD', PFX .. ':pw:' .. PROC, WS)
+if not REGISTERED then redis.call('SADD', PFX .. ':pw:' .. PROC, WS) end
 if at ~= nil then
   local known = redis.call('ZSCORE', WAKES, WS)
   if known == false or tonumber(known) > at then
@@ -84,7 +83,6 @@ ev.q = ev.q - 1
 ev.st = 'queued'
 ev.reason = reason
 ev.ep = epoch
-ev.nb = reborn
 if at ~= nil then ev.wake = at - NOW end
 if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
 return reply(ev)

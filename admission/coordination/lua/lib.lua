@@ -1,11 +1,13 @@
--- Shared state of deployment-wide admission. Every entry script is this library followed by
--- its own body; Python prepends the library when it loads a script (see scripts.py).
+-- Shared state of deployment-wide admission: one Redis function library. This file holds what
+-- every entry shares; each other file of this folder is the body of one function (see
+-- scripts.py, which assembles and names the library).
 --
--- ARGV header, the same for every script:
+-- Arguments, the first eight the same for every function:
 --   1 key prefix, 2 workspace id ('' for global scripts), 3 idle TTL of counters (ms),
 --   4 calling process id, 5 process lease TTL (ms), 6 epoch the caller knows ('' if none),
 --   7 recovery grace (ms) after the shared state was created, 8 invocation budget TTL (ms)
--- Entry-specific arguments start at ARGV[9].
+-- Entry-specific arguments start at ARGV[9]. Keys are built here from the prefix; the
+-- library is for a single Redis server (or a primary with replicas), not Redis Cluster.
 --
 -- Key layout (one Redis, hash tag per workspace):
 --   P:epoch                  hash  id, ready          the shared state's life; see epoch_check
@@ -27,29 +29,18 @@
 --   P:{ws}:rot               zset  lane -> rotation position (least recently served first)
 --   P:{ws}:bt                list  breaker transitions, newest first, bounded
 
-local PFX = ARGV[1]
-local IDLE_TTL = tonumber(ARGV[3])
-local PROC = ARGV[4]
-local PROC_TTL = tonumber(ARGV[5])
-local KNOWN_EPOCH = ARGV[6]
-local GRACE = tonumber(ARGV[7])
-local BUDGET_TTL = tonumber(ARGV[8])
-
-local NOW
-do
-  local t = redis.call('TIME')
-  NOW = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-end
+-- The arguments and the time of the call being served; `begin` sets them for every call.
+local ARGV, PFX, IDLE_TTL, PROC, PROC_TTL, KNOWN_EPOCH, GRACE, BUDGET_TTL, NOW
+local EPOCH_KEY, PROCS, WAKES
+-- Set by an entry when its caller has this workspace in P:pw:<process> already.
+local REGISTERED = false
 
 local EPS = 1e-9
 local PRESSURE_WINDOW = 60000
 local PRESSURE_CAP = 4096
 local TRANSITION_HISTORY = 256
-local floor, max, min = math.floor, math.max, math.min
-
-local EPOCH_KEY = PFX .. ':epoch'
-local PROCS = PFX .. ':procs'
-local WAKES = PFX .. ':wk'
+-- Standard libraries are reachable only while a call runs (begin sets these).
+local floor, max, min
 
 -- Ids may hold any character: a length prefix keeps composite names unambiguous.
 local function enc(s)
@@ -62,48 +53,38 @@ local LIM, SC, BUD, ALIVE, RESULT_TRANSITIONS
 local FIELDS = {'a', 'q', 'rl', 'rt', 'tl', 'tt', 'h', 'ht', 'pz', 'bs', 'bf', 'bg', 'bo', 'bp'}
 local TEXT = {h = true, bs = true}
 
+local function is_idle(a, q, h)
+  return (a or 0) == 0 and (q or 0) == 0 and h == nil
+end
+
 local function flush()
   if SC == nil then return end
   for key, s in pairs(SC) do
     if s._dirty then
+      local orig = s._orig
       local set, del = {}, {}
       for _, f in ipairs(FIELDS) do
         local v = s[f]
-        if v == nil or ((f == 'a' or f == 'q' or f == 'bf' or f == 'bp') and v == 0) then
-          del[#del + 1] = f
-        else
-          set[#set + 1] = f
-          set[#set + 1] = TEXT[f] and v or string.format('%.17g', v)
+        if (f == 'a' or f == 'q' or f == 'bf' or f == 'bp') and v == 0 then v = nil end
+        if v ~= orig[f] then
+          if v == nil then
+            del[#del + 1] = f
+          else
+            set[#set + 1] = f
+            set[#set + 1] = TEXT[f] and v or string.format('%.17g', v)
+          end
         end
       end
       if #del > 0 then redis.call('HDEL', key, unpack(del)) end
-      if #set > 0 then
-        redis.call('HSET', key, unpack(set))
-        if s.a > 0 or s.q > 0 or s.h ~= nil then
-          redis.call('PERSIST', key)
-        else
-          redis.call('PEXPIRE', key, IDLE_TTL)
-        end
+      if #set > 0 then redis.call('HSET', key, unpack(set)) end
+      -- A busy scope never expires; an idle one expires IDLE_TTL after its last change.
+      local was_idle = is_idle(orig.a, orig.q, orig.h)
+      if is_idle(s.a, s.q, s.h) then
+        redis.call('PEXPIRE', key, IDLE_TTL)
+      elseif was_idle and s._existed then
+        redis.call('PERSIST', key)
       end
       s._dirty = false
-    end
-  end
-  if BUD ~= nil then
-    for key, b in pairs(BUD) do
-      if b._dirty then
-        local set = {}
-        for f, v in pairs(b) do
-          if f ~= '_dirty' then
-            set[#set + 1] = f
-            set[#set + 1] = string.format('%.17g', v)
-          end
-        end
-        if #set > 0 then
-          redis.call('HSET', key, unpack(set))
-          redis.call('PEXPIRE', key, BUDGET_TTL)
-        end
-        b._dirty = false
-      end
     end
   end
 end
@@ -121,8 +102,28 @@ local function use_ws(ws)
   LIM, SC, BUD = {}, {}, {}
 end
 
-ALIVE = {}
-RESULT_TRANSITIONS = {}
+-- A call starts from nothing: no state is carried from one call to the next.
+local function begin(args)
+  floor, max, min = math.floor, math.max, math.min
+  ARGV = args
+  PFX = args[1]
+  IDLE_TTL = tonumber(args[3])
+  PROC = args[4]
+  PROC_TTL = tonumber(args[5])
+  KNOWN_EPOCH = args[6]
+  GRACE = tonumber(args[7])
+  BUDGET_TTL = tonumber(args[8])
+  local t = redis.call('TIME')
+  NOW = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  EPOCH_KEY = PFX .. ':epoch'
+  PROCS = PFX .. ':procs'
+  WAKES = PFX .. ':wk'
+  REGISTERED = false
+  WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil, nil
+  LIM, SC, BUD = nil, nil, nil
+  ALIVE = {}
+  RESULT_TRANSITIONS = {}
+end
 
 -- ------------------------------------------------------------------ epoch and processes
 
@@ -130,14 +131,12 @@ RESULT_TRANSITIONS = {}
 -- persistence), the first script creates a new epoch and admission waits GRACE ms, so that
 -- every live process sees the new epoch and re-asserts the permits it still holds first.
 local function epoch_check()
-  local id = redis.call('HGET', EPOCH_KEY, 'id')
-  local ready
+  local stored = redis.call('HMGET', EPOCH_KEY, 'id', 'ready')
+  local id, ready = stored[1], tonumber(stored[2]) or 0
   if not id then
     id = PROC .. '@' .. string.format('%.0f', NOW)
     ready = NOW + GRACE
     redis.call('HSET', EPOCH_KEY, 'id', id, 'ready', string.format('%.17g', ready))
-  else
-    ready = tonumber(redis.call('HGET', EPOCH_KEY, 'ready')) or 0
   end
   return id, ready
 end
@@ -170,6 +169,16 @@ local function limits(field)
   return v
 end
 
+-- The revision and the limits a decision needs, in one read. Returns the revision.
+local function preload(...)
+  local fields = {'rev', ...}
+  local raw = redis.call('HMGET', PROF, unpack(fields))
+  for i = 2, #fields do
+    if raw[i] then LIM[fields[i]] = cjson.decode(raw[i]) else LIM[fields[i]] = false end
+  end
+  return raw[1]
+end
+
 local function key_w() return BASE .. 's:W' end
 local function key_p(pid) return BASE .. 's:P:' .. pid end
 local function key_v(prov) return BASE .. 's:V:' .. prov end
@@ -186,14 +195,16 @@ end
 local function scope(key)
   local s = SC[key]
   if s == nil then
-    local vals = redis.call('HMGET', key, unpack(FIELDS))
-    s = {_key = key}
-    for i, f in ipairs(FIELDS) do
-      local v = vals[i]
-      if v then
-        if TEXT[f] then s[f] = v else s[f] = tonumber(v) end
-      end
+    local flat = redis.call('HGETALL', key)
+    s = {_key = key, _existed = #flat > 0}
+    local orig = {}
+    for i = 1, #flat, 2 do
+      local f, v = flat[i], flat[i + 1]
+      if not TEXT[f] then v = tonumber(v) end
+      s[f] = v
+      orig[f] = v
     end
+    s._orig = orig
     s.a = s.a or 0
     s.q = s.q or 0
     SC[key] = s
@@ -257,6 +268,7 @@ end
 
 local function retry_pressure(prov)
   local key = pressure_key(prov)
+  if redis.call('LLEN', key) == 0 then return 0 end
   local horizon = NOW - PRESSURE_WINDOW
   while true do
     local first = redis.call('LINDEX', key, 0)
@@ -295,9 +307,11 @@ local COUNT_TTL = 7200000
 local DELAY_BOUNDS = {0, 5, 25, 100, 250, 1000, 2500, 10000, 30000}
 
 local function count(prov, decision, reason, n)
+  n = n or 1
   local key = BASE .. 'ct:' .. string.format('%.0f', floor(NOW / 60000))
-  redis.call('HINCRBY', key, enc(prov) .. decision .. '|' .. reason, n or 1)
-  redis.call('PEXPIRE', key, COUNT_TTL, 'NX')
+  if redis.call('HINCRBY', key, enc(prov) .. decision .. '|' .. reason, n) == n then
+    redis.call('PEXPIRE', key, COUNT_TTL, 'NX')
+  end
 end
 
 local function count_delay(prov, delay)
@@ -338,7 +352,12 @@ local function budget_reason(b, field, lim, w)
 end
 
 -- Invocation budgets of the three scopes; a failure rejects (never defers).
+local function keeps_budget(lim)
+  return lim.ma ~= nil or lim.mc ~= nil or lim.mt ~= nil
+end
+
 local function budgets_reason(w, lp, lw, lv)
+  if not (keeps_budget(lp) or keeps_budget(lw) or keeps_budget(lv)) then return nil end
   local b = budget(w.bud)
   return budget_reason(b, budget_field('P', w.pid), lp, w)
     or budget_reason(b, 'W', lw, w)
@@ -457,25 +476,29 @@ local function admit(w, lp, lw, lv)
   sv.a = sv.a + 1
   sx.a = sx.a + 1
   touch(sp) touch(sw) touch(sv) touch(sx)
-  local b = budget(w.bud)
-  local bkey = BASE .. 'b:' .. w.bud
   local tok = w.tok or 0
   for _, item in ipairs({{'P', w.pid, lp, sp}, {'W', nil, lw, sw}, {'V', w.prov, lv, sv}}) do
     local lim, s = item[3], item[4]
-    if lim.ma ~= nil or lim.mc ~= nil or lim.mt ~= nil then
+    if keeps_budget(lim) then
+      local bkey = BASE .. 'b:' .. w.bud
       local f = budget_field(item[1], item[2])
-      b[f .. 'a'] = (b[f .. 'a'] or 0) + w.att
-      if w.cost ~= nil then b[f .. 'c'] = (b[f .. 'c'] or 0) + w.cost end
-      b[f .. 't'] = (b[f .. 't'] or 0) + tok
+      redis.call('HINCRBY', bkey, f .. 'a', w.att)
+      if w.cost ~= nil then redis.call('HINCRBYFLOAT', bkey, f .. 'c', w.cost) end
+      redis.call('HINCRBY', bkey, f .. 't', tok)
+      BUD[bkey] = nil
     end
     if lim.rpm ~= nil then consume(s, 'r', lim.rpm, lim.rpm / 60000, 1) end
     if lim.tps ~= nil and tok > 0 then consume(s, 't', lim.tps, lim.tps / 1000, tok) end
   end
-  local repeats = budget_field('r', w.prov)
-  b[repeats] = (b[repeats] or 0) + 1
-  if b[repeats] > 1 then pressure_event(w.prov) end
-  b._dirty = true
-  BUD[bkey] = b
+  -- Attempts of one invocation on this provider: a repeat is retry pressure. The budget key
+  -- lives BUDGET_TTL from the invocation's first admission.
+  local bkey = BASE .. 'b:' .. w.bud
+  local repeats = redis.call('HINCRBY', bkey, budget_field('r', w.prov), 1)
+  if repeats == 1 then
+    redis.call('PEXPIRE', bkey, BUDGET_TTL, 'NX')
+  else
+    pressure_event(w.prov)
+  end
   release_holds(w)
   local probe = 0
   if lv.bk ~= nil and sv.bs == 'half-open' then
@@ -486,8 +509,11 @@ local function admit(w, lp, lw, lv)
     proc = w.proc, pid = w.pid, prov = w.prov, bud = w.bud, tok = w.tok, cost = w.cost,
     gen = sv.bg or 0, probe = probe, at = NOW,
   }
+  if keeps_budget(lp) or keeps_budget(lw) or keeps_budget(lv) then lease.bk = 1 end
   redis.call('HSET', LEASES, w.id, cjson.encode(lease))
-  redis.call('SADD', PFX .. ':pw:' .. w.proc, WS)
+  if w.proc ~= PROC or not REGISTERED then
+    redis.call('SADD', PFX .. ':pw:' .. w.proc, WS)
+  end
   return evidence(w)
 end
 
@@ -525,22 +551,25 @@ local function free_lease(id, lease, success, retry_after, actual_tokens, actual
     s.a = max(0, s.a - 1)
     touch(s)
   end
-  if actual_tokens ~= nil or actual_cost ~= nil then
+  if (actual_tokens ~= nil or actual_cost ~= nil) and lease.bk == 1 then
+    -- Reconcile the invocation budgets with what the provider really used.
     local key = BASE .. 'b:' .. lease.bud
-    if redis.call('EXISTS', key) == 1 then
-      local b = budget(lease.bud)
-      for _, f in ipairs({budget_field('P', lease.pid), 'W', budget_field('V', lease.prov)}) do
-        if b[f .. 'a'] ~= nil then
-          if actual_tokens ~= nil then
-            b[f .. 't'] = max(0, (b[f .. 't'] or 0) + actual_tokens - (lease.tok or 0))
-          end
-          if actual_cost ~= nil then
-            b[f .. 'c'] = max(0, (b[f .. 'c'] or 0) + actual_cost - (lease.cost or 0))
-          end
-          b._dirty = true
+    local b = budget(lease.bud)
+    local set = {}
+    for _, f in ipairs({budget_field('P', lease.pid), 'W', budget_field('V', lease.prov)}) do
+      if b[f .. 'a'] ~= nil then
+        if actual_tokens ~= nil then
+          set[#set + 1] = f .. 't'
+          set[#set + 1] = string.format('%.17g', max(0, (b[f .. 't'] or 0) + actual_tokens - (lease.tok or 0)))
+        end
+        if actual_cost ~= nil then
+          set[#set + 1] = f .. 'c'
+          set[#set + 1] = string.format('%.17g', max(0, (b[f .. 'c'] or 0) + actual_cost - (lease.cost or 0)))
         end
       end
     end
+    if #set > 0 then redis.call('HSET', key, unpack(set)) end
+    BUD[key] = nil
   end
   local lv = limits('V:' .. lease.prov)
   local gen = sv.bg or 0
@@ -726,7 +755,6 @@ local function open_ws(check_ready)
   if check_ready and NOW < ready then
     return reply({st = 'recovering', ep = epoch, wait = ready - NOW})
   end
-  local reborn = heartbeat()
   use_ws(ARGV[2])
-  return nil, epoch, reborn
+  return nil, epoch
 end

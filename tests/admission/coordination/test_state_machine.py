@@ -192,10 +192,10 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         for task in coordinator._tasks:
             task.cancel()
         self.alive[process] = False
-        for index, task, _ in self.waiting:
-            if index == process:
-                task.cancel()
-        self.spin(0.01)
+        gone = [task for index, task, _ in self.waiting if index == process]
+        for task in gone:
+            task.cancel()
+        self.loop.run_until_complete(asyncio.gather(*gone, return_exceptions=True))
         self.waiting = [entry for entry in self.waiting if entry[0] != process]
         self.leases = [entry for entry in self.leases if entry[0] != process]
         # Its lease lapses now rather than after the TTL, so the test needs no long wait.
@@ -276,6 +276,8 @@ class CoordinatedAdmission(RuleBasedStateMachine):
     def teardown(self) -> None:
         for _index, _task, signal in self.waiting:
             signal.cancel()
+        tasks = [task for _index, task, _signal in self.waiting]
+        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         try:
             self.loop.run_until_complete(self.deployment.close())
         finally:

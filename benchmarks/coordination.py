@@ -1,0 +1,245 @@
+"""Deployment-wide admission through Redis against the in-process controller.
+
+    python benchmarks/coordination.py [--redis redis://127.0.0.1:6379/8] [--seconds 5]
+
+Prints, for one process and for four processes: admission decisions per second and the latency
+of one decision (acquire) at p50 and p99, with the in-process controller's figures beside them;
+script calls (round trips) per acquire and per release, counted by the client and by Redis's own
+command statistics; and Redis memory per principal with a waiter, at 10 000 principals.
+Asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import redis
+
+from admission.coordination import CoordinationSettings, RedisCoordinator
+from admission.core import (
+    AdmissionRegistry,
+    AdmissionRequest,
+    Estimate,
+    Profile,
+)
+
+WORKSPACE = "bench"
+WIDE = {"concurrency": 1_000_000, "requestsPerMinute": 1e12, "maxQueueLength": 1_000_000}
+
+
+def profile(principals: int = 8, *, workspace: dict[str, Any] | None = None) -> Profile:
+    return Profile.from_dict(
+        {
+            "profileVersion": "bench",
+            "workspace": workspace or WIDE,
+            "providers": {"llm": {**WIDE, "tokensPerSecond": 1e12}},
+            "principals": {f"p{i}": {"concurrency": 1_000_000} for i in range(principals)},
+        },
+        workspace_id=WORKSPACE,
+    )
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def coordinated(url: str, prefix: str) -> tuple[AdmissionRegistry, RedisCoordinator]:
+    coordinator = RedisCoordinator(
+        CoordinationSettings(url=url, prefix=prefix, recovery_grace_ms=0, timeout_ms=2000)
+    )
+    registry = AdmissionRegistry(controller_factory=coordinator.controller)
+    registry.register(profile(), sequence=1)
+    return registry, coordinator
+
+
+async def decide(registry: AdmissionRegistry, seconds: float, callers: int, tag: str) -> dict:
+    """`callers` coroutines each acquire and release in a loop for `seconds`."""
+    controller = registry.controller(WORKSPACE)
+    assert controller is not None
+    latencies: list[float] = []
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def caller(index: int) -> None:
+        nonlocal done
+        principal = f"p{index % 8}"
+        while time.perf_counter() < deadline:
+            item = AdmissionRequest(
+                f"{tag}-{index}-{done}", principal, WORKSPACE, "llm", Estimate(tokens=10)
+            )
+            started = time.perf_counter()
+            lease = await controller.acquire(item)
+            latencies.append((time.perf_counter() - started) * 1e6)
+            lease.release(success=True, actual_tokens=8)
+            done += 1
+            await asyncio.sleep(0)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(i) for i in range(callers)))
+    elapsed = time.perf_counter() - started
+    return {"decisions": done, "seconds": elapsed, "latencies": latencies}
+
+
+def evalsha_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
+
+
+def one_process(url: str, prefix: str, seconds: float, callers: int, queue: Any = None) -> dict:
+    async def main() -> dict:
+        registry, coordinator = coordinated(url, prefix)
+        try:
+            result = await decide(registry, seconds, callers, uuid.uuid4().hex[:6])
+            await coordinator.settle()
+            result["round_trips"] = dict(coordinator.round_trips)
+            return result
+        finally:
+            await coordinator.aclose()
+
+    result = asyncio.run(main())
+    if queue is not None:
+        queue.put(result)
+    return result
+
+
+def in_process(seconds: float, callers: int) -> dict:
+    async def main() -> dict:
+        registry = AdmissionRegistry()
+        registry.register(profile())
+        return await decide(registry, seconds, callers, "local")
+
+    return asyncio.run(main())
+
+
+def summary(label: str, result: dict) -> str:
+    latencies = result["latencies"]
+    rate = result["decisions"] / result["seconds"]
+    return (
+        f"{label:<40} {rate:>10,.0f} decisions/s   acquire p50 {percentile(latencies, 0.5):8.1f} µs"
+        f"   p99 {percentile(latencies, 0.99):8.1f} µs"
+    )
+
+
+def memory_per_waiting_principal(url: str, principals: int) -> tuple[float, float]:
+    """Redis bytes per principal that has one waiter queued (and after they all leave)."""
+
+    async def main() -> tuple[float, float]:
+        prefix = f"bench-mem-{uuid.uuid4().hex[:8]}"
+        client = redis.Redis.from_url(url)
+        coordinator = RedisCoordinator(
+            CoordinationSettings(url=url, prefix=prefix, recovery_grace_ms=0, timeout_ms=5000)
+        )
+        registry = AdmissionRegistry(controller_factory=coordinator.controller)
+        tight = profile(principals, workspace={"concurrency": 1, "maxQueueLength": 1_000_000})
+        registry.register(tight, sequence=1)
+        controller = registry.controller(WORKSPACE)
+        assert controller is not None
+        holder = await controller.acquire(
+            AdmissionRequest("hold", "p0", WORKSPACE, "llm", Estimate(tokens=1))
+        )
+        client.memory_purge() if hasattr(client, "memory_purge") else None
+        before = client.info("memory")["used_memory"]
+        waiters = [
+            asyncio.ensure_future(
+                controller.acquire(
+                    AdmissionRequest(f"w{i}", f"p{i}", WORKSPACE, "llm", Estimate(tokens=1))
+                )
+            )
+            for i in range(1, principals)
+        ]
+        while client.hlen(f"{prefix}:{{{WORKSPACE}}}:W") < principals - 1:
+            await asyncio.sleep(0.05)
+        during = client.info("memory")["used_memory"]
+        for task in waiters:
+            task.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        holder.release(success=True)
+        await coordinator.settle()
+        await asyncio.sleep(0.5)
+        after = client.info("memory")["used_memory"]
+        await coordinator.aclose()
+        for key in client.scan_iter(f"{prefix}:*", count=5000):
+            client.delete(key)
+        return (during - before) / (principals - 1), (after - before) / (principals - 1)
+
+    return asyncio.run(main())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--redis", default=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/8")
+    )
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--callers", type=int, default=8)
+    parser.add_argument("--principals", type=int, default=10_000)
+    args = parser.parse_args()
+    client = redis.Redis.from_url(args.redis)
+    print(f"Redis {client.info('server')['redis_version']} at {args.redis}; {os.cpu_count()} cores")
+
+    local = in_process(args.seconds, args.callers)
+    print(summary("in-process, 1 process", local))
+
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    calls_before = evalsha_calls(client)
+    single = one_process(args.redis, prefix, args.seconds, args.callers)
+    calls = evalsha_calls(client) - calls_before
+    print(summary("Redis, 1 process", single))
+    added = percentile(single["latencies"], 0.5) - percentile(local["latencies"], 0.5)
+    print(f"{'':<40} added latency per decision p50 {added / 1000:.3f} ms")
+    trips = single["round_trips"]
+    decisions = single["decisions"]
+    print(
+        f"{'':<40} round trips per decision: acquire {trips.get('acquire', 0) / decisions:.3f}, "
+        f"release {trips.get('release', 0) / decisions:.3f}; Redis counted {calls / decisions:.3f}"
+        f" script calls per decision (heartbeats included)"
+    )
+
+    queue: Any = multiprocessing.get_context("spawn").Queue()
+    workers = [
+        multiprocessing.get_context("spawn").Process(
+            target=one_process, args=(args.redis, prefix, args.seconds, args.callers, queue)
+        )
+        for _ in range(4)
+    ]
+    for worker in workers:
+        worker.start()
+    results = [queue.get(timeout=args.seconds * 10 + 60) for _ in workers]
+    for worker in workers:
+        worker.join()
+    total = sum(r["decisions"] for r in results)
+    span = max(r["seconds"] for r in results)
+    latencies = [value for r in results for value in r["latencies"]]
+    print(
+        f"{'Redis, 4 processes':<40} {total / span:>10,.0f} decisions/s   acquire p50 "
+        f"{percentile(latencies, 0.5):8.1f} µs   p99 {percentile(latencies, 0.99):8.1f} µs"
+    )
+    per_process = [r["decisions"] / r["seconds"] for r in results]
+    print(
+        f"{'':<40} per process: {', '.join(f'{x:,.0f}' for x in per_process)} /s "
+        f"(spread {statistics.pstdev(per_process):,.0f})"
+    )
+    for key in client.scan_iter(f"{prefix}:*", count=5000):
+        client.delete(key)
+
+    during, after = memory_per_waiting_principal(args.redis, args.principals)
+    print(
+        f"Redis memory with {args.principals:,} principals each waiting: {during:,.0f} B per "
+        f"principal; after they left: {after:,.0f} B"
+    )
+
+
+if __name__ == "__main__":
+    main()
