@@ -1,22 +1,25 @@
 """The admission controller of one workspace: preflight, fair queueing, dispatch and release.
 
-The order of checks is SPEC §3. Lanes are keyed (provider, principal) inside the workspace and are
-served round-robin. A lane whose head must wait is *parked* on the thing it waits for (a scope's
+Checks run in the order docs/admission-core.md gives. Lanes are keyed (provider, principal)
+inside the workspace. A lane whose head must wait is *parked* on the thing it waits for (a scope's
 permits, a share cap, a token-bucket reservation) or on a timer (buckets, Retry-After pauses, an
-open breaker), so releasing a permit only looks at lanes that the release can help.
+open breaker), so releasing a permit only looks at lanes that the release can help. Lanes that can
+proceed are served least recently served first (`rotation.Rotation`), whatever woke them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
+import heapq
+import itertools
 import math
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
 from admission.core.errors import AdmissionRejected
 from admission.core.evidence import AdmissionEvidence, BreakerTransition, QueueSnapshot
+from admission.core.rotation import Rotation
 from admission.core.rules import (
     EPSILON,
     budget_reason,
@@ -44,6 +47,10 @@ RETRY_PRESSURE_CAP = 4096
 MAX_RETRY_HINT_MS = 30_000
 DEFAULT_RETRY_BASE_MS = 1_000.0
 TRANSITION_HISTORY = 256
+# Stale entries the heap of waiting lanes' turns may hold beyond twice the live lanes.
+TURN_SLACK = 32
+
+_turn_entries = itertools.count()
 
 
 class _Ticket:
@@ -132,18 +139,18 @@ def _as_int(value: Any) -> int | None:
 
 
 class _Lane:
-    """Waiters of one (provider, principal) lane, oldest first."""
+    """Waiters of one (provider, principal) lane, oldest first, and the lane's turn."""
 
-    __slots__ = ("key", "parked_epoch", "parked_on", "ready", "timer", "waiters", "woken_from")
+    __slots__ = ("key", "parked_epoch", "parked_on", "timer", "turn", "waiters", "woken_from")
 
-    def __init__(self, key: tuple[str, str]) -> None:
+    def __init__(self, key: tuple[str, str], turn: int) -> None:
         self.key = key
+        self.turn = turn
         self.waiters: OrderedDict[_Ticket, None] = OrderedDict()
-        self.ready = False
-        self.parked_on: dict[Any, None] | None = None
+        self.parked_on: Rotation[_Lane] | None = None
         self.parked_epoch = 0
         self.timer: asyncio.TimerHandle | None = None
-        self.woken_from: dict[Any, None] | None = None
+        self.woken_from: Rotation[_Lane] | None = None
 
     def head(self) -> _Ticket | None:
         for ticket in self.waiters:
@@ -239,7 +246,11 @@ class AdmissionController:
         self._principals: dict[str, Scope] = {}
         self._providers: dict[str, Scope] = {}
         self._lanes: dict[tuple[str, str], _Lane] = {}
-        self._ready: deque[_Lane] = deque()
+        self._ready: Rotation[_Lane] = Rotation()
+        # Admissions so far: the stamp of the latest one; and (turn, n, lane) of waiting lanes.
+        self._served = 0
+        self._turns: list[tuple[int, int, _Lane]] = []
+        self._pump_handle: asyncio.Handle | None = None
         self._budget_scopes: dict[str, list[Scope]] = {}
         self._idle_principals: OrderedDict[str, None] = OrderedDict()
         self._transitions: deque[BreakerTransition] = deque(maxlen=TRANSITION_HISTORY)
@@ -627,6 +638,8 @@ class AdmissionController:
         provider.active += 1
         pair.active += 1
         self._leases += 1
+        self._served += 1
+        pair.served = self._served
         budget_id = request.budget_id
         tokens = ticket.tokens or 0
         owners = self._budget_scopes.get(budget_id)
@@ -866,7 +879,9 @@ class AdmissionController:
         key = (request.provider_id, request.principal_id)
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = _Lane(key)
+            assert ticket.pair is not None
+            lane = self._lanes[key] = _Lane(key, self._entry_turn(ticket.pair))
+            self._note_turn(lane)
         future: asyncio.Future[Lease] = loop.create_future()
         ticket.future = future
         ticket.lane = lane
@@ -906,10 +921,7 @@ class AdmissionController:
             ticket.unsubscribe = None
         if not lane.waiters:
             self._unpark(lane)
-            if lane.ready:
-                lane.ready = False
-                with contextlib.suppress(ValueError):
-                    self._ready.remove(lane)
+            self._ready.discard(lane)
             del self._lanes[lane.key]
 
     def _remove(self, ticket: _Ticket) -> None:
@@ -976,12 +988,12 @@ class AdmissionController:
                 self._registry._emit_decision("defer", reason, ticket.request, None)
 
     def _park(
-        self, lane: _Lane, parked: dict[Any, None] | None, wake_at: float | None, now: float
+        self, lane: _Lane, parked: Rotation[_Lane] | None, wake_at: float | None, now: float
     ) -> None:
         self._unpark(lane)
         lane.parked_epoch = self._epoch
         if parked is not None:
-            parked[lane] = None
+            parked.add(lane)
             lane.parked_on = parked
         if wake_at is not None and self._loop is not None:
             when = max(wake_at, now + MIN_TIMER_STEP_MS)
@@ -990,38 +1002,45 @@ class AdmissionController:
     def _unpark(self, lane: _Lane) -> None:
         parked = lane.parked_on
         if parked is not None:
-            parked.pop(lane, None)
+            parked.discard(lane)
             lane.parked_on = None
         if lane.timer is not None:
             lane.timer.cancel()
             lane.timer = None
 
-    def _make_ready(self, lane: _Lane, woken_from: dict[Any, None] | None = None) -> None:
+    def _make_ready(self, lane: _Lane, woken_from: Rotation[_Lane] | None = None) -> None:
         self._unpark(lane)
-        if not lane.ready:
-            lane.ready = True
+        if lane not in self._ready:
             lane.woken_from = woken_from
-            self._ready.append(lane)
+            self._ready.add(lane)
 
-    def _wake_one(self, parked: dict[Any, None]) -> None:
-        for lane in parked:
-            if lane.parked_epoch >= self._epoch and self._pumping:
-                return  # parked during this pump pass: nothing has changed for it yet
+    def _parked_this_pass(self, lane: _Lane) -> bool:
+        # Nothing has changed yet for a lane that parked during the pump pass now running.
+        return self._pumping and lane.parked_epoch >= self._epoch
+
+    def _wake_one(self, parked: Rotation[_Lane]) -> None:
+        lane = parked.first(self._parked_this_pass)
+        if lane is not None:
             self._make_ready(lane, parked)
-            return
 
-    def _wake_all(self, parked: dict[Any, None]) -> None:
-        for lane in list(parked):
+    def _wake_all(self, parked: Rotation[_Lane]) -> None:
+        for lane in parked:
             self._make_ready(lane)
 
     def _on_lane_timer(self, lane: _Lane) -> None:
         lane.timer = None
         if lane.waiters:
             self._make_ready(lane)
-            self._pump()
+            # Other timers may be due at this same instant: serve all of their lanes by turn.
+            if self._pump_handle is None and self._loop is not None:
+                self._pump_handle = self._loop.call_soon(self._pump_soon)
+
+    def _pump_soon(self) -> None:
+        self._pump_handle = None
+        self._pump()
 
     def _pump(self) -> None:
-        """Serve ready lanes round-robin, head first, until each is admitted from or parked."""
+        """Serve ready lanes by turn, head first, until each is admitted from or parked."""
         if self._pumping:
             return
         self._pumping = True
@@ -1029,15 +1048,15 @@ class AdmissionController:
         ready = self._ready
         try:
             while ready:
-                lane = ready.popleft()
-                lane.ready = False
+                lane = ready.pop()
+                assert lane is not None
                 woken_from = lane.woken_from
                 lane.woken_from = None
                 self._serve(lane, woken_from)
         finally:
             self._pumping = False
 
-    def _serve(self, lane: _Lane, woken_from: dict[Any, None] | None) -> None:
+    def _serve(self, lane: _Lane, woken_from: Rotation[_Lane] | None) -> None:
         while lane.waiters:
             ticket = lane.head()
             assert ticket is not None
@@ -1049,7 +1068,7 @@ class AdmissionController:
             defer = self._dispatch_check(ticket, now)
             if defer is not None:
                 self._defer(lane, ticket, defer, now)
-                if woken_from is not None and woken_from:
+                if woken_from:
                     self._wake_one(woken_from)
                 return
             future = ticket.future
@@ -1060,9 +1079,44 @@ class AdmissionController:
             else:
                 lease.release(success=None)
             if lane.waiters:
-                # Round robin: a lane that was served goes to the back of the rotation.
+                # Just served: the lane's next turn comes after every lane served before it.
+                lane.turn = 2 * self._served + 1
+                self._note_turn(lane)
                 self._make_ready(lane)
             return
+
+    # ------------------------------------------------------------- rotation
+    # A lane's turn is 2s+1 when its pair was last admitted at stamp s. A lane that starts waiting
+    # never ranks below the floor F, the lowest stamp among waiting lanes (one more than the latest
+    # stamp when none waits): pairs admitted before F all take turn 2F, first come first served,
+    # just ahead of the longest-unserved waiting lane. So forgetting an evicted pair's stamp
+    # (which is then below F) cannot change any order.
+
+    def _entry_turn(self, pair: Pair) -> int:
+        floor = self._turn_floor()
+        served = pair.served
+        return 2 * served + 1 if served >= floor else 2 * floor
+
+    def _turn_floor(self) -> int:
+        turns, lanes = self._turns, self._lanes
+        while turns:
+            turn, _, lane = turns[0]
+            if lane.turn == turn and lanes.get(lane.key) is lane:
+                return turn // 2
+            heapq.heappop(turns)  # the lane was served since, or is gone
+        return self._served + 1
+
+    def _note_turn(self, lane: _Lane) -> None:
+        turns = self._turns
+        heapq.heappush(turns, (lane.turn, next(_turn_entries), lane))
+        if len(turns) > 2 * len(self._lanes) + TURN_SLACK:
+            lanes = self._lanes
+            turns[:] = [
+                entry
+                for entry in turns
+                if entry[2].turn == entry[0] and lanes.get(entry[2].key) is entry[2]
+            ]
+            heapq.heapify(turns)
 
     # ------------------------------------------------------------- eviction
 
@@ -1086,16 +1140,20 @@ class AdmissionController:
             if scope.active or scope.queued:
                 continue  # busy again; it will be noted idle when it is
             if not scope.is_idle(now) or not self._pairs_idle(candidate):
-                idle[candidate] = None  # retry later, once its buckets have refilled
+                # Retry later, once its buckets have refilled and the lanes served before it moved.
+                idle[candidate] = None
                 continue
             del self._principals[candidate]
             for provider in self._providers.values():
                 provider.pairs.pop(candidate, None)
 
     def _pairs_idle(self, principal_id: str) -> bool:
+        floor = self._turn_floor()
         for provider in self._providers.values():
             pair = provider.pairs.get(principal_id)
-            if pair is not None and (pair.active or pair.queued or pair.parked):
+            if pair is not None and (
+                pair.active or pair.queued or pair.parked or pair.served >= floor
+            ):
                 return False
         return True
 

@@ -1,0 +1,104 @@
+"""Lanes in rotation order: the least recently served first, ties first come, first served.
+
+The controller keeps every set of lanes that can be woken together in a `Rotation`: the lanes
+ready to be served, and the lanes parked on one scope's permits, one pair's share or one token
+bucket's reservation. Whatever wakes a lane, it is then served by its *turn*, an integer that
+grows each time the lane's (provider, principal) pair is admitted, so a noisy lane that was just
+served queues behind a quiet one that was not.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+__all__ = ["Rotation", "Turned"]
+
+# Entries older than this many live members are rebuilt away, so removal can stay lazy.
+_COMPACT_SLACK = 32
+
+# One sequence for every rotation: among equal turns, whoever came first goes first.
+_arrivals = itertools.count()
+
+
+class Turned(Protocol):
+    """Something with a place in the rotation."""
+
+    turn: int
+
+
+_L = TypeVar("_L", bound=Turned)
+
+
+class Rotation(Generic[_L]):
+    """A set of lanes ordered by (turn, arrival); adding is O(log n), removal is lazy.
+
+    An empty rotation holds no containers: scopes, pairs and buckets each own one.
+    """
+
+    __slots__ = ("_heap", "_members")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, _L]] | None = None
+        # lane -> the arrival number of its one live heap entry
+        self._members: dict[_L, int] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._members)
+
+    def __len__(self) -> int:
+        return len(self._members) if self._members else 0
+
+    def __contains__(self, lane: object) -> bool:
+        return self._members is not None and lane in self._members
+
+    def __iter__(self) -> Iterator[_L]:
+        """The members in no particular order (a copy: the rotation may change meanwhile)."""
+        return iter(list(self._members or ()))
+
+    def add(self, lane: _L) -> None:
+        """Take `lane` in at its current turn; a member is moved to that turn."""
+        members, heap = self._members, self._heap
+        if members is None or heap is None:
+            members = self._members = {}
+            heap = self._heap = []
+        arrival = next(_arrivals)
+        members[lane] = arrival
+        heapq.heappush(heap, (lane.turn, arrival, lane))
+        if len(heap) > 2 * len(members) + _COMPACT_SLACK:
+            self._heap = [entry for entry in heap if members.get(entry[2]) == entry[1]]
+            heapq.heapify(self._heap)
+
+    def discard(self, lane: _L) -> None:
+        members = self._members
+        if members and members.pop(lane, None) is not None and not members:
+            self._heap = self._members = None
+
+    def first(self, skip: Callable[[_L], bool] | None = None) -> _L | None:
+        """The member that goes next, leaving it in; with `skip`, the first one it does not skip."""
+        heap, members = self._heap, self._members
+        if not members or heap is None:
+            return None
+        held = []
+        found = None
+        while heap:
+            entry = heap[0]
+            if members.get(entry[2]) != entry[1]:
+                heapq.heappop(heap)  # left or moved: a stale entry
+            elif skip is not None and skip(entry[2]):
+                held.append(heapq.heappop(heap))
+            else:
+                found = entry[2]
+                break
+        for entry in held:
+            heapq.heappush(heap, entry)
+        return found
+
+    def pop(self) -> _L | None:
+        """Take out and return the member that goes next, or None when there is none."""
+        lane = self.first()
+        if lane is not None:
+            self.discard(lane)
+        return lane

@@ -1,0 +1,229 @@
+"""CNC-ADMIT-019: lanes that can proceed are served least recently served first, whatever woke them.
+
+Each scenario parks a noisy lane (one permit held, a backlog behind it) and a quiet lane on
+different things: a principal's permits, the workspace's, the provider's, a token bucket's
+reservation holder, a provider's Retry-After pause. Every admitted call releases 1 ms after its
+admission. Lanes that start waiting together are served first come, first served; from then on
+the lane served longest ago goes next, so the quiet lane is never behind the noisy backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from admission.core import AdmissionRegistry, Profile, VirtualTimeLoop
+from admission.core.rotation import Rotation
+
+from .conftest import WORKSPACE, Scenario, make_profile, request
+
+HOLD_S = 0.001
+
+
+async def _call(s: Scenario, served: list[str], principal: str, budget: str, **estimate: Any):
+    lease = await s.controller.acquire(request(principal, budget=budget, **estimate))
+    served.append(principal)
+    await asyncio.sleep(HOLD_S)
+    lease.release(success=True)
+
+
+async def _noisy_then_quiet(s: Scenario, noisy: int, quiet: int, **estimate: Any) -> list[str]:
+    """`noisy` calls, the first admitted at once, then `quiet` calls; the order they got in."""
+    served: list[str] = []
+    tasks = [asyncio.ensure_future(_call(s, served, "noisy", "n0", **estimate))]
+    await asyncio.sleep(0)
+    assert served == ["noisy"]
+    tasks += [
+        asyncio.ensure_future(_call(s, served, "noisy", f"n{i}", **estimate))
+        for i in range(1, noisy)
+    ]
+    await asyncio.sleep(0)
+    tasks += [
+        asyncio.ensure_future(_call(s, served, "quiet", f"q{i}", **estimate)) for i in range(quiet)
+    ]
+    await asyncio.gather(*tasks)
+    return served
+
+
+N, Q = "noisy", "quiet"
+
+
+def test_CNC_ADMIT_019_a_quiet_principal_waits_for_one_noisy_turn_not_the_backlog(
+    scenario_factory,
+):
+    # Every scope admits one call: the noisy lane parks on its principal, the quiet one on the
+    # workspace, and a release wakes the noisy lane first.
+    one = {"concurrency": 1, "maxQueueLength": 64}
+    s = scenario_factory(
+        make_profile(workspace=one, providers={"llm": one}, principals={N: one, Q: one})
+    )
+    served = s.run(lambda s: _noisy_then_quiet(s, noisy=13, quiet=1))
+    assert served == [N, N, Q, *[N] * 11]
+
+
+def test_CNC_ADMIT_019_lanes_parked_on_the_workspace_alternate(scenario_factory):
+    s = scenario_factory(
+        make_profile(
+            workspace={"concurrency": 1},
+            principals={N: {"concurrency": 10}, Q: {"concurrency": 10}},
+        )
+    )
+    served = s.run(lambda s: _noisy_then_quiet(s, noisy=5, quiet=3))
+    assert served == [N, N, Q, N, Q, N, Q, N]
+
+
+def test_CNC_ADMIT_019_lanes_parked_on_the_provider_alternate(scenario_factory):
+    s = scenario_factory(
+        make_profile(
+            providers={"llm": {"concurrency": 1}},
+            principals={N: {"concurrency": 10}, Q: {"concurrency": 10}},
+        )
+    )
+    served = s.run(lambda s: _noisy_then_quiet(s, noisy=5, quiet=3))
+    assert served == [N, N, Q, N, Q, N, Q, N]
+
+
+def test_CNC_ADMIT_019_lanes_parked_on_principal_and_provider_alternate(scenario_factory):
+    s = scenario_factory(
+        make_profile(
+            providers={"llm": {"concurrency": 1}},
+            principals={N: {"concurrency": 1}, Q: {"concurrency": 10}},
+        )
+    )
+    served = s.run(lambda s: _noisy_then_quiet(s, noisy=5, quiet=3))
+    assert served == [N, N, Q, N, Q, N, Q, N]
+
+
+def test_CNC_ADMIT_019_lanes_behind_a_token_holder_alternate(scenario_factory):
+    # One call's tokens fill the bucket: each waits for a second of refill, and a waiter that
+    # cannot fit beside the reservation holder parks until the hold ends.
+    s = scenario_factory(
+        make_profile(
+            providers={"llm": {"concurrency": 10, "tokensPerSecond": 100}},
+            principals={N: {"concurrency": 10}, Q: {"concurrency": 10}},
+        )
+    )
+
+    async def body(s: Scenario) -> list[tuple[str, float]]:
+        served = await _noisy_then_quiet(s, noisy=4, quiet=2, tokens=100)
+        assert s.now() == 5000 + 1
+        return served
+
+    assert s.run(body) == [N, N, Q, N, Q, N]
+
+
+def test_CNC_ADMIT_019_lanes_paused_by_retry_after_resume_by_turn(scenario_factory):
+    s = scenario_factory(
+        make_profile(
+            workspace={"concurrency": 1},
+            principals={N: {"concurrency": 1}, Q: {"concurrency": 10}},
+        )
+    )
+
+    async def body(s: Scenario) -> list[str]:
+        served: list[str] = []
+        tasks = [asyncio.ensure_future(_call(s, served, N, f"n{i}")) for i in range(4)]
+        await asyncio.sleep(0)
+        tasks += [asyncio.ensure_future(_call(s, served, Q, f"q{i}")) for i in range(2)]
+        await asyncio.sleep(0.0015)
+        assert served == [N, N]  # the noisy lane has just been served
+        s.controller.coordinate_retry_after("llm", 10)
+        # At 2 ms the noisy lane is woken first (its principal's permit) and parks on the pause
+        # first; when the pause ends both lanes are due at once, and the quiet one goes first.
+        await asyncio.gather(*tasks)
+        return served
+
+    assert s.run(body) == [N, N, Q, N, Q, N]
+
+
+def test_CNC_ADMIT_019_evicting_idle_principals_changes_no_order():
+    principals = {f"p{i}": {"concurrency": 5} for i in range(6)}
+
+    def order(max_idle_scopes: int) -> list[str]:
+        loop = VirtualTimeLoop()
+        registry = AdmissionRegistry(clock=loop.clock, max_idle_scopes=max_idle_scopes)
+        profile = make_profile(workspace={"concurrency": 1}, principals=principals)
+        scenario = Scenario.__new__(Scenario)
+        scenario.loop, scenario.registry = loop, registry
+        scenario.controller = registry.register(profile)
+        served: list[str] = []
+
+        async def body(s: Scenario) -> None:
+            tasks = []
+            # Principals come and go: each call of a wave waits, is served and leaves its lane.
+            for wave in range(4):
+                for i in (wave, wave + 1, wave + 2):
+                    tasks.append(asyncio.ensure_future(_call(s, served, f"p{i}", f"w{wave}-{i}")))
+                await asyncio.sleep(0.0025)
+            await asyncio.gather(*tasks)
+
+        try:
+            scenario.run(body)
+        finally:
+            scenario.close()
+        return served
+
+    assert order(max_idle_scopes=0) == order(max_idle_scopes=1024)
+
+
+class _Lane:
+    def __init__(self, name: str, turn: int) -> None:
+        self.name = name
+        self.turn = turn
+
+
+def test_rotation_serves_lowest_turn_first_and_ties_in_arrival_order():
+    rotation: Rotation[_Lane] = Rotation()
+    a, b, c, d = _Lane("a", 5), _Lane("b", 3), _Lane("c", 5), _Lane("d", 3)
+    for lane in (a, b, c, d):
+        rotation.add(lane)
+    rotation.discard(d)
+    assert len(rotation) == 3 and d not in rotation
+    assert rotation.first(lambda lane: lane.name == "b") is a
+    assert [rotation.pop(), rotation.pop(), rotation.pop(), rotation.pop()] == [b, a, c, None]
+    assert not rotation
+
+
+def test_rotation_moves_a_member_to_its_new_turn_and_stays_compact():
+    rotation: Rotation[_Lane] = Rotation()
+    lanes = [_Lane(str(i), i) for i in range(10)]
+    for lane in lanes:
+        rotation.add(lane)
+    for step in range(1000):
+        lane = lanes[step % 10]
+        lane.turn += 10
+        rotation.add(lane)
+    assert len(rotation) == 10
+    assert len(rotation._heap) <= 2 * 10 + 32
+    assert [rotation.pop() for _ in range(10)] == lanes
+
+
+def test_profile_change_serves_woken_lanes_by_turn(scenario_factory):
+    # A new profile wakes every lane at once; the least recently served lane still goes first.
+    s = scenario_factory(
+        make_profile(
+            workspace={"concurrency": 1},
+            principals={N: {"concurrency": 10}, Q: {"concurrency": 10}},
+        )
+    )
+
+    async def body(s: Scenario) -> list[str]:
+        served: list[str] = []
+        tasks = [asyncio.ensure_future(_call(s, served, N, f"n{i}")) for i in range(4)]
+        await asyncio.sleep(0)
+        tasks += [asyncio.ensure_future(_call(s, served, Q, f"q{i}")) for i in range(2)]
+        await asyncio.sleep(0.0015)
+        assert served == [N, N]
+        document: dict[str, Any] = {
+            "profileVersion": "v2",
+            "workspace": {"concurrency": 2},
+            "providers": {"llm": {"concurrency": 100}},
+            "principals": {N: {"concurrency": 10}, Q: {"concurrency": 10}},
+        }
+        s.registry.register(Profile.from_dict(document, workspace_id=WORKSPACE))
+        await asyncio.sleep(0)
+        assert served == [N, N, Q]
+        await asyncio.gather(*tasks)
+        return served
+
+    assert s.run(body) == [N, N, Q, N, Q, N]
