@@ -460,7 +460,9 @@ class AdmissionController:
             pair.gate_epoch = self._profile_epoch
         if gate_fails(ticket, pair.gate):
             limits = (principal.limits, self._workspace.limits, provider.limits)
-            return static_reason(ticket, limits)
+            reason = static_reason(ticket, limits)
+            if reason is not None:
+                return reason
         budget_id = request.budget_id
         for scope in (principal, self._workspace, provider):
             if scope.has_budgets:
@@ -843,6 +845,10 @@ class AdmissionController:
             for lane in list(self._lanes.values()):
                 for ticket in list(lane.waiters):
                     self._remove(ticket)
+        if self._pump_handle is not None:
+            # A pump scheduled on the previous loop may never run there.
+            self._pump_handle.cancel()
+            self._pump_handle = None
         self._loop = loop
 
     def _dwell_limit(self, ticket: _Ticket) -> float:
