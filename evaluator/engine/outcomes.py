@@ -143,11 +143,6 @@ class DecisionOutcome:
     def succeeded(self) -> bool:
         return self.status == SUCCEEDED
 
-    @property
-    def adapter_calls(self) -> int:
-        """How many attempts were really sent to an adapter."""
-        return sum(1 for attempt in self.attempts if attempt.sent)
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "decisionId": self.decision_id,
