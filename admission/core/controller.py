@@ -32,8 +32,8 @@ from admission.core.rules import (
 from admission.core.scopes import Budget, Pair, Scope, TokenBucket
 
 if TYPE_CHECKING:
+    from admission.core.hosting import ControllerHost
     from admission.core.limits import Profile
-    from admission.core.registry import AdmissionRegistry
     from admission.core.request import AdmissionRequest
 
 # Millisecond slack when comparing a timer's due time with the clock (float round trips).
@@ -236,7 +236,7 @@ class Lease:
 class AdmissionController:
     """Admission for one workspace: every ceiling of its current profile, fairly between lanes."""
 
-    def __init__(self, registry: AdmissionRegistry, profile: Profile) -> None:
+    def __init__(self, registry: ControllerHost, profile: Profile) -> None:
         self._registry = registry
         self._clock = registry.clock
         self.workspace_id = profile.workspace_id
@@ -260,7 +260,7 @@ class AdmissionController:
         self._pumping = False
         self._epoch = 0
         self._profile_epoch = 0
-        self._evicted = False
+        self.evicted = False
         self._recompute_reservations()
 
     # ----------------------------------------------------------------- public API
@@ -274,8 +274,8 @@ class AdmissionController:
         """Admit the request now, queue it fairly, or raise `AdmissionRejected` with a reason."""
         if request.workspace_id != self.workspace_id:
             raise ValueError("request.workspace_id does not match this controller's workspace")
-        if self._evicted:
-            owner = self._registry._adopt(self)
+        if self.evicted:
+            owner = self._registry.adopt(self)
             if owner is not self:
                 return await owner.acquire(request)
         loop = asyncio.get_running_loop()
@@ -320,15 +320,13 @@ class AdmissionController:
         scopes = owner._budget_scopes.pop(budget_id, None)
         if not scopes:
             return
-        limit = owner._registry.max_idle_scopes
-        crowded = len(owner._principals) > limit
+        crowded = len(owner._principals) > owner._registry.max_idle_scopes
         for scope in scopes:
             scope.budgets.pop(budget_id, None)
             scope.repeats.pop(budget_id, None)
             if crowded and scope.kind == "principal" and not scope.active and not scope.queued:
                 owner._note_idle_principal(scope.key)
-        if len(owner._registry._controllers) > limit:
-            owner._note_idle()
+        owner._registry.note_idle(owner)
 
     def coordinate_retry_after(self, provider_id: str, ms: float) -> None:
         """Pause this provider lane for `ms` milliseconds (starts or extends, never shortens)."""
@@ -346,11 +344,16 @@ class AdmissionController:
         return list(self._current()._transitions)
 
     # ------------------------------------------------------------ registry hooks
+    # (`hosting.HostedController`: how the registry manages this controller)
+
+    @property
+    def applied_profile(self) -> Profile:
+        return self._profile
 
     def _current(self) -> AdmissionController:
-        return self._registry._adopt(self) if self._evicted else self
+        return self._registry.adopt(self) if self.evicted else self
 
-    def _apply_profile(self, profile: Profile) -> None:
+    def apply_profile(self, profile: Profile) -> None:
         """Switch to a newly current profile and revalidate every queued request against it."""
         now = self._clock.monotonic_ms()
         self._profile = profile
@@ -375,7 +378,10 @@ class AdmissionController:
             self._make_ready(lane)
         self._pump()
 
-    def _is_idle(self, now: float) -> bool:
+    def is_busy(self) -> bool:
+        return bool(self._leases or self._waiting)
+
+    def is_idle(self, now: float) -> bool:
         if self._leases or self._waiting or self._budget_scopes:
             return False
         scopes = [self._workspace, *self._principals.values(), *self._providers.values()]
@@ -601,8 +607,8 @@ class AdmissionController:
             hint = self._retry_hint(ticket, now)
             evidence.retry_after_ms = hint
         self._release_holds(ticket)
-        if self._registry._decision_listeners:
-            self._registry._emit_decision("reject", reason, ticket.request, evidence)
+        if self._registry.reports_decisions:
+            self._registry.report_decision("reject", reason, ticket.request, evidence)
         return AdmissionRejected(reason, evidence, hint)
 
     def _retry_hint(self, ticket: _Ticket, now: float) -> float:
@@ -682,8 +688,8 @@ class AdmissionController:
                 breaker.probes += 1
                 probe = True
         evidence = self._evidence(ticket, "admit", "admitted", now)
-        if self._registry._decision_listeners:
-            self._registry._emit_decision("admit", "admitted", request, evidence)
+        if self._registry.reports_decisions:
+            self._registry.report_decision("admit", "admitted", request, evidence)
         return Lease(self, ticket, evidence, generation, probe)
 
     def _release(
@@ -741,8 +747,8 @@ class AdmissionController:
         limit = self._registry.max_idle_scopes
         if not principal.active and not principal.queued and len(self._principals) > limit:
             self._note_idle_principal(principal.key)
-        if not self._leases and not self._waiting and len(self._registry._controllers) > limit:
-            self._note_idle()
+        if not self._leases and not self._waiting:
+            self._registry.note_idle(self)
 
     def _reconcile(
         self,
@@ -804,7 +810,7 @@ class AdmissionController:
             failures=breaker.failures,
         )
         self._transitions.append(transition)
-        self._registry._emit_breaker_transition(transition)
+        self._registry.report_breaker_transition(transition)
         return transition
 
     def _pause(self, provider: Scope, now: float, ms: float) -> None:
@@ -943,7 +949,7 @@ class AdmissionController:
         if principal is not None and not principal.active and not principal.queued:
             self._note_idle_principal(principal.key)
         if not self._leases and not self._waiting:
-            self._note_idle()
+            self._registry.note_idle(self)
 
     def _reject_waiter(self, ticket: _Ticket, reason: str) -> None:
         future = ticket.future
@@ -990,8 +996,8 @@ class AdmissionController:
         self._park(lane, parked, wake_at, now)
         if ticket.defer_reason != reason:
             ticket.defer_reason = reason
-            if self._registry._decision_listeners:
-                self._registry._emit_decision("defer", reason, ticket.request, None)
+            if self._registry.reports_decisions:
+                self._registry.report_decision("defer", reason, ticket.request, None)
 
     def _park(
         self, lane: _Lane, parked: Rotation[_Lane] | None, wake_at: float | None, now: float
@@ -1162,7 +1168,3 @@ class AdmissionController:
             ):
                 return False
         return True
-
-    def _note_idle(self) -> None:
-        if len(self._registry._controllers) > self._registry.max_idle_scopes:
-            self._registry._note_idle(self)
