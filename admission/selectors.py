@@ -105,6 +105,14 @@ def profile_version_list(*, workspace: Workspace) -> QuerySet[ProfileVersion]:
     return profile_version_queryset().filter(workspace=workspace)
 
 
+def profile_version_diff_base(*, version: ProfileVersion) -> ProfileVersion | None:
+    """The version to compare `version` with: the workspace's current one, unless it is itself."""
+    current = workspace_current_version(workspace=version.workspace)
+    if current is not None and current.pk == version.pk:
+        return None
+    return current
+
+
 def profile_history_list(
     *,
     workspace: Workspace,

@@ -7,15 +7,14 @@ which is whatever the path that actually ran reports. A caller that plots the ru
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from evaluator.harness.arrivals import Arrival, ArrivalModel, generate_arrivals
-from evaluator.harness.controller_target import CONTROLLER_TARGET
 from evaluator.harness.errors import UnknownTargetError
-from evaluator.harness.evaluator_target import EVALUATOR_TARGET
 from evaluator.harness.manifests import LoadManifest, load_manifest
 from evaluator.harness.records import build_record
 from evaluator.harness.resources import HeapSampler, cpu_time_of, resources
@@ -35,17 +34,37 @@ __all__ = [
 # Receives a run's timeline (evaluator/harness/timeline.py), kept beside its record.
 KeepTimeline = Callable[[Mapping[str, Any]], None]
 
-LOAD_TARGETS: Mapping[str, LoadTarget] = {
-    target.name: target for target in (CONTROLLER_TARGET, EVALUATOR_TARGET)
+# name -> (module, attribute): a target is imported when it is asked for, so a run of one path
+# does not pay for importing the other (the evaluator path brings the whole engine).
+_TARGET_HOMES = {
+    "admission-controller": ("evaluator.harness.controller_target", "CONTROLLER_TARGET"),
+    "evaluator": ("evaluator.harness.evaluator_target", "EVALUATOR_TARGET"),
 }
 
 
+class _Targets(Mapping[str, LoadTarget]):
+    """The load targets by name, each imported on first use."""
+
+    def __getitem__(self, name: str) -> LoadTarget:
+        module, attribute = _TARGET_HOMES[name]
+        target: LoadTarget = getattr(importlib.import_module(module), attribute)
+        return target
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_TARGET_HOMES)
+
+    def __len__(self) -> int:
+        return len(_TARGET_HOMES)
+
+
+LOAD_TARGETS: Mapping[str, LoadTarget] = _Targets()
+
+
 def _target(name: str) -> LoadTarget:
-    target = LOAD_TARGETS.get(name)
-    if target is None:
+    if name not in _TARGET_HOMES:
         known = ", ".join(sorted(LOAD_TARGETS))
         raise UnknownTargetError(f"unknown load target {name!r} (known: {known})")
-    return target
+    return LOAD_TARGETS[name]
 
 
 def measure(
