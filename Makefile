@@ -42,6 +42,7 @@ bench: install
 evidence: install
 	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence
 	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v2.json --target evaluator --write-evidence
+	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v1.json --target evaluator --write-evidence
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis

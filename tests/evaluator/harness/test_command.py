@@ -36,8 +36,8 @@ def test_missing_manifest_file_is_a_command_error(tmp_path):
         )
 
 
-def test_v1_manifest_has_no_timeline_for_the_controller_path():
-    with pytest.raises(CommandError, match="v1"):
+def test_v1_manifest_has_no_controller_path_and_the_command_says_so():
+    with pytest.raises(CommandError, match="use target 'evaluator'"):
         call_command(
             "run_load_harness",
             "--manifest",
