@@ -436,7 +436,7 @@ class AdmissionController:
     # --------------------------------------------------------------- checks
 
     def _preflight(self, ticket: _Ticket, now: float) -> str | None:
-        """SPEC 3.1, in order. Returns a rejection reason or None."""
+        """The preflight checks, in their documented order. Returns a rejection reason or None."""
         request = ticket.request
         signal = request.signal
         if signal is not None and signal.cancelled:
@@ -484,7 +484,7 @@ class AdmissionController:
         return None
 
     def _dispatch_check(self, ticket: _Ticket, now: float) -> tuple[Any, ...] | None:
-        """SPEC 3.3 for a request that passed preflight: None to admit, else a deferral.
+        """The dispatch checks for a request that passed preflight: None to admit, else a deferral.
 
         A deferral is (reason, parked-set or None, wake-at ms or None, bucket to hold or None).
         Nothing is consumed here.

@@ -23,7 +23,7 @@ class TokenBucket:
         self.rate_per_ms = rate_per_ms
         self.level = capacity
         self.updated_ms = now_ms
-        # The waiter holding this bucket's large-token reservation (SPEC 3.4), if any.
+        # The waiter holding this bucket's large-token reservation, if any.
         self.holder: object | None = None
         # Lanes waiting for the holder to resolve before their estimate can ever fit.
         self.parked: Rotation[Any] = Rotation()

@@ -1,4 +1,5 @@
-"""The seeded bursty Poisson arrival model of SPEC §7, bit-for-bit as the JavaScript reference.
+"""The seeded bursty Poisson arrival model of the load manifests, bit-for-bit as the JavaScript
+reference implementation draws it (mulberry32, seven draws per arrival).
 
 Every arrival takes exactly seven draws from mulberry32, so adding a field to an arrival never
 shifts the draws of the arrivals after it.
