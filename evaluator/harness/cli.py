@@ -23,7 +23,15 @@ from evaluator.harness.service import (
     write_record,
 )
 
-__all__ = ["PROJECT_ROOT", "ProgressBar", "main", "resolve_manifest", "summary_lines"]
+__all__ = [
+    "DESCRIPTION",
+    "PROJECT_ROOT",
+    "ProgressBar",
+    "add_arguments",
+    "main",
+    "resolve_manifest",
+    "summary_lines",
+]
 
 # The repository root: documented commands name manifests and evidence relative to it.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -106,24 +114,23 @@ def summary_lines(record: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
         yield "fail", f"FAILED · {record['digest']}"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m evaluator.harness",
-        description=(
-            "Release a preregistered load manifest's arrivals into the admission controller or "
-            "the evaluator on virtual time and write the digest-bound decision-load-result/v1 "
-            "record."
-        ),
-    )
+DESCRIPTION = (
+    "Release a preregistered load manifest's arrivals into the admission controller or the "
+    "evaluator on virtual time and write the digest-bound decision-load-result/v1 record."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser, targets: Sequence[str] = ()) -> None:
+    """The command's arguments (shared with ``manage.py run_load_harness``, which offers more
+    ``targets`` than the offline ones)."""
     parser.add_argument("--manifest", required=True, help="path of a preregistered load manifest")
-    parser.add_argument("--target", required=True, choices=sorted(LOAD_TARGETS))
+    parser.add_argument("--target", required=True, choices=targets or sorted(LOAD_TARGETS))
     parser.add_argument("--output", help="also write the record to this file")
     parser.add_argument(
         "--write-evidence",
         action="store_true",
         help="replace the retained record under evidence/<manifest>/<target>.json",
     )
-    return parser
 
 
 def main(
@@ -135,7 +142,9 @@ def main(
     """Run the command; returns the exit status (0 run and written, 2 refused)."""
     out = stdout or sys.stdout
     err = stderr or sys.stderr
-    options = _parser().parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m evaluator.harness", description=DESCRIPTION)
+    add_arguments(parser)
+    options = parser.parse_args(argv)
     destinations = [Path(options.output)] if options.output else []
     try:
         manifest = resolve_manifest(options.manifest)

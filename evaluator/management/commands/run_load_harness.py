@@ -16,7 +16,13 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
 from evaluator.deployment import AdapterConfigError, staged_endpoints, staged_window_seconds
-from evaluator.harness.cli import ProgressBar, resolve_manifest, summary_lines
+from evaluator.harness.cli import (
+    DESCRIPTION,
+    ProgressBar,
+    add_arguments,
+    resolve_manifest,
+    summary_lines,
+)
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.records import TARGET_STAGED
@@ -26,29 +32,15 @@ from evaluator.harness.target import Progress
 
 
 class Command(BaseCommand):
-    help = (
-        "Release a preregistered load manifest's arrivals into the admission controller or the "
-        "evaluator on virtual time and write the digest-bound decision-load-result/v1 record."
-    )
+    help = DESCRIPTION
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--manifest", required=True, help="path of a preregistered load manifest"
-        )
-        parser.add_argument(
-            "--target", required=True, choices=[*sorted(LOAD_TARGETS), TARGET_STAGED]
-        )
+        add_arguments(parser, [*sorted(LOAD_TARGETS), TARGET_STAGED])
         parser.add_argument(
             "--window-seconds",
             type=float,
             help="staged-provider only: seconds of the timeline to run at real time "
             "(default: SLUICE_STAGED_PROVIDER.windowSeconds)",
-        )
-        parser.add_argument("--output", help="also write the record to this file")
-        parser.add_argument(
-            "--write-evidence",
-            action="store_true",
-            help="replace the retained record under evidence/<manifest>/<target>.json",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -10,7 +10,10 @@ the lane served longest ago goes next, so the quiet lane is never behind the noi
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from admission.core import AdmissionRegistry, Profile, VirtualTimeLoop
 from admission.core.rotation import Rotation
@@ -48,6 +51,19 @@ async def _noisy_then_quiet(s: Scenario, noisy: int, quiet: int, **estimate: Any
 N, Q = "noisy", "quiet"
 
 
+async def _interrupted(s: Scenario, interrupt: Callable[[], None]) -> list[str]:
+    """Four noisy calls, then two quiet ones; `interrupt` runs just after the noisy lane's turn."""
+    served: list[str] = []
+    tasks = [asyncio.ensure_future(_call(s, served, N, f"n{i}")) for i in range(4)]
+    await asyncio.sleep(0)
+    tasks += [asyncio.ensure_future(_call(s, served, Q, f"q{i}")) for i in range(2)]
+    await asyncio.sleep(0.0015)
+    assert served == [N, N]  # the noisy lane has just been served
+    interrupt()
+    await asyncio.gather(*tasks)
+    return served
+
+
 def test_CNC_ADMIT_019_a_quiet_principal_waits_for_one_noisy_turn_not_the_backlog(
     scenario_factory,
 ):
@@ -61,37 +77,27 @@ def test_CNC_ADMIT_019_a_quiet_principal_waits_for_one_noisy_turn_not_the_backlo
     assert served == [N, N, Q, *[N] * 11]
 
 
-def test_CNC_ADMIT_019_lanes_parked_on_the_workspace_alternate(scenario_factory):
-    s = scenario_factory(
-        make_profile(
-            workspace={"concurrency": 1},
-            principals={N: {"concurrency": 10}, Q: {"concurrency": 10}},
-        )
-    )
+ONE, TEN = {"concurrency": 1}, {"concurrency": 10}
+
+
+@pytest.mark.parametrize(
+    ("parked_on", "limits"),
+    [
+        ("workspace", {"workspace": {"concurrency": 1}, "principals": {N: TEN, Q: TEN}}),
+        ("provider", {"providers": {"llm": {"concurrency": 1}}, "principals": {N: TEN, Q: TEN}}),
+        (
+            "principal and provider",
+            {
+                "providers": {"llm": {"concurrency": 1}},
+                "principals": {N: {"concurrency": 1}, Q: TEN},
+            },
+        ),
+    ],
+)
+def test_CNC_ADMIT_019_lanes_parked_on_scopes_alternate(scenario_factory, parked_on, limits):
+    s = scenario_factory(make_profile(**limits))
     served = s.run(lambda s: _noisy_then_quiet(s, noisy=5, quiet=3))
-    assert served == [N, N, Q, N, Q, N, Q, N]
-
-
-def test_CNC_ADMIT_019_lanes_parked_on_the_provider_alternate(scenario_factory):
-    s = scenario_factory(
-        make_profile(
-            providers={"llm": {"concurrency": 1}},
-            principals={N: {"concurrency": 10}, Q: {"concurrency": 10}},
-        )
-    )
-    served = s.run(lambda s: _noisy_then_quiet(s, noisy=5, quiet=3))
-    assert served == [N, N, Q, N, Q, N, Q, N]
-
-
-def test_CNC_ADMIT_019_lanes_parked_on_principal_and_provider_alternate(scenario_factory):
-    s = scenario_factory(
-        make_profile(
-            providers={"llm": {"concurrency": 1}},
-            principals={N: {"concurrency": 1}, Q: {"concurrency": 10}},
-        )
-    )
-    served = s.run(lambda s: _noisy_then_quiet(s, noisy=5, quiet=3))
-    assert served == [N, N, Q, N, Q, N, Q, N]
+    assert served == [N, N, Q, N, Q, N, Q, N], parked_on
 
 
 def test_CNC_ADMIT_019_lanes_behind_a_token_holder_alternate(scenario_factory):
@@ -104,7 +110,7 @@ def test_CNC_ADMIT_019_lanes_behind_a_token_holder_alternate(scenario_factory):
         )
     )
 
-    async def body(s: Scenario) -> list[tuple[str, float]]:
+    async def body(s: Scenario) -> list[str]:
         served = await _noisy_then_quiet(s, noisy=4, quiet=2, tokens=100)
         assert s.now() == 5000 + 1
         return served
@@ -120,20 +126,12 @@ def test_CNC_ADMIT_019_lanes_paused_by_retry_after_resume_by_turn(scenario_facto
         )
     )
 
-    async def body(s: Scenario) -> list[str]:
-        served: list[str] = []
-        tasks = [asyncio.ensure_future(_call(s, served, N, f"n{i}")) for i in range(4)]
-        await asyncio.sleep(0)
-        tasks += [asyncio.ensure_future(_call(s, served, Q, f"q{i}")) for i in range(2)]
-        await asyncio.sleep(0.0015)
-        assert served == [N, N]  # the noisy lane has just been served
+    # At 2 ms the noisy lane is woken first (its principal's permit) and parks on the pause
+    # first; when the pause ends both lanes are due at once, and the quiet one goes first.
+    def pause() -> None:
         s.controller.coordinate_retry_after("llm", 10)
-        # At 2 ms the noisy lane is woken first (its principal's permit) and parks on the pause
-        # first; when the pause ends both lanes are due at once, and the quiet one goes first.
-        await asyncio.gather(*tasks)
-        return served
 
-    assert s.run(body) == [N, N, Q, N, Q, N]
+    assert s.run(lambda s: _interrupted(s, pause)) == [N, N, Q, N, Q, N]
 
 
 def test_CNC_ADMIT_019_evicting_idle_principals_changes_no_order():
@@ -207,13 +205,7 @@ def test_profile_change_serves_woken_lanes_by_turn(scenario_factory):
         )
     )
 
-    async def body(s: Scenario) -> list[str]:
-        served: list[str] = []
-        tasks = [asyncio.ensure_future(_call(s, served, N, f"n{i}")) for i in range(4)]
-        await asyncio.sleep(0)
-        tasks += [asyncio.ensure_future(_call(s, served, Q, f"q{i}")) for i in range(2)]
-        await asyncio.sleep(0.0015)
-        assert served == [N, N]
+    def change_profile() -> None:
         document: dict[str, Any] = {
             "profileVersion": "v2",
             "workspace": {"concurrency": 2},
@@ -221,9 +213,5 @@ def test_profile_change_serves_woken_lanes_by_turn(scenario_factory):
             "principals": {N: {"concurrency": 10}, Q: {"concurrency": 10}},
         }
         s.registry.register(Profile.from_dict(document, workspace_id=WORKSPACE))
-        await asyncio.sleep(0)
-        assert served == [N, N, Q]
-        await asyncio.gather(*tasks)
-        return served
 
-    assert s.run(body) == [N, N, Q, N, Q, N]
+    assert s.run(lambda s: _interrupted(s, change_profile)) == [N, N, Q, N, Q, N]
