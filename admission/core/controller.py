@@ -326,7 +326,8 @@ class AdmissionController:
             scope.repeats.pop(budget_id, None)
             if crowded and scope.kind == "principal" and not scope.active and not scope.queued:
                 owner._note_idle_principal(scope.key)
-        owner._registry.note_idle(owner)
+        if owner._registry.evicts_idle:
+            owner._registry.note_idle(owner)
 
     def coordinate_retry_after(self, provider_id: str, ms: float) -> None:
         """Pause this provider lane for `ms` milliseconds (starts or extends, never shortens)."""
@@ -747,7 +748,7 @@ class AdmissionController:
         limit = self._registry.max_idle_scopes
         if not principal.active and not principal.queued and len(self._principals) > limit:
             self._note_idle_principal(principal.key)
-        if not self._leases and not self._waiting:
+        if not self._leases and not self._waiting and self._registry.evicts_idle:
             self._registry.note_idle(self)
 
     def _reconcile(
@@ -948,7 +949,7 @@ class AdmissionController:
         principal = ticket.P
         if principal is not None and not principal.active and not principal.queued:
             self._note_idle_principal(principal.key)
-        if not self._leases and not self._waiting:
+        if not self._leases and not self._waiting and self._registry.evicts_idle:
             self._registry.note_idle(self)
 
     def _reject_waiter(self, ticket: _Ticket, reason: str) -> None:
@@ -1036,7 +1037,7 @@ class AdmissionController:
             self._make_ready(lane, parked)
 
     def _wake_all(self, parked: Rotation[_Lane]) -> None:
-        for lane in parked:
+        for lane in list(parked):
             self._make_ready(lane)
 
     def _on_lane_timer(self, lane: _Lane) -> None:
@@ -1060,7 +1061,7 @@ class AdmissionController:
         ready = self._ready
         try:
             while ready:
-                lane = ready.pop()
+                lane = ready.take()
                 assert lane is not None
                 woken_from = lane.woken_from
                 lane.woken_from = None

@@ -56,6 +56,8 @@ class ControllerHost(Protocol):
     max_idle_scopes: int
     # True while anyone listens to decisions: the only check an admission pays for telemetry.
     reports_decisions: bool
+    # True while there are more controllers than may idle: only then is `note_idle` worth a call.
+    evicts_idle: bool
 
     def report_decision(
         self,

@@ -78,6 +78,7 @@ class AdmissionRegistry:
         self._breaker_listeners: list[Callable[[BreakerTransition], Any]] = []
         self._decision_listeners: list[Callable[[DecisionEvent], Any]] = []
         self.reports_decisions = False
+        self.evicts_idle = False
 
     def register(self, profile: Profile, *, sequence: int | None = None) -> AdmissionController:
         """Make `profile` current for its workspace; an earlier revision again is a rollback.
@@ -192,6 +193,7 @@ class AdmissionRegistry:
             return cast(_C, live)
         controller.evicted = False
         self._controllers[controller.workspace_id] = controller
+        self._count_controllers()
         ledger = self._ledgers[controller.workspace_id]
         if ledger.profile is not None and ledger.profile is not controller.applied_profile:
             controller.apply_profile(ledger.profile)
@@ -219,6 +221,7 @@ class AdmissionRegistry:
                 # Only state is dropped; the ledger of revisions stays.
                 existing.evicted = True
                 del self._controllers[candidate]
+                self._count_controllers()
             elif not existing.is_busy():
                 idle[candidate] = None
 
@@ -253,4 +256,8 @@ class AdmissionRegistry:
             return None
         created = self._controller_factory(self, ledger.profile)
         self._controllers[workspace_id] = created
+        self._count_controllers()
         return cast(AdmissionController, created)
+
+    def _count_controllers(self) -> None:
+        self.evicts_idle = len(self._controllers) > self.max_idle_scopes

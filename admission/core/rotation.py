@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
-from typing import Generic, Protocol, TypeVar
+from collections.abc import Callable, Hashable
+from typing import Protocol, TypeVar
 
 __all__ = ["Rotation", "Turned"]
 
@@ -23,7 +23,7 @@ _COMPACT_SLACK = 32
 _arrivals = itertools.count()
 
 
-class Turned(Protocol):
+class Turned(Hashable, Protocol):
     """Something with a place in the rotation."""
 
     turn: int
@@ -32,60 +32,46 @@ class Turned(Protocol):
 _L = TypeVar("_L", bound=Turned)
 
 
-class Rotation(Generic[_L]):
+class Rotation(dict[_L, int]):
     """A set of lanes ordered by (turn, arrival); adding is O(log n), removal is lazy.
 
-    An empty rotation holds no containers: scopes, pairs and buckets each own one.
+    The rotation is a dict of its members (lane -> the arrival number of its one live heap
+    entry), so asking whether a scope has parked lanes costs what asking a dict does; the heap
+    exists only while there are members.
     """
 
-    __slots__ = ("_heap", "_members")
+    __slots__ = ("_heap",)
 
     def __init__(self) -> None:
+        super().__init__()
         self._heap: list[tuple[int, int, _L]] | None = None
-        # lane -> the arrival number of its one live heap entry
-        self._members: dict[_L, int] | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self._members)
-
-    def __len__(self) -> int:
-        return len(self._members) if self._members else 0
-
-    def __contains__(self, lane: object) -> bool:
-        return self._members is not None and lane in self._members
-
-    def __iter__(self) -> Iterator[_L]:
-        """The members in no particular order (a copy: the rotation may change meanwhile)."""
-        return iter(list(self._members or ()))
 
     def add(self, lane: _L) -> None:
         """Take `lane` in at its current turn; a member is moved to that turn."""
-        members, heap = self._members, self._heap
-        if members is None or heap is None:
-            members = self._members = {}
+        heap = self._heap
+        if heap is None:
             heap = self._heap = []
         arrival = next(_arrivals)
-        members[lane] = arrival
+        self[lane] = arrival
         heapq.heappush(heap, (lane.turn, arrival, lane))
-        if len(heap) > 2 * len(members) + _COMPACT_SLACK:
-            self._heap = [entry for entry in heap if members.get(entry[2]) == entry[1]]
+        if len(heap) > 2 * len(self) + _COMPACT_SLACK:
+            self._heap = [entry for entry in heap if self.get(entry[2]) == entry[1]]
             heapq.heapify(self._heap)
 
     def discard(self, lane: _L) -> None:
-        members = self._members
-        if members and members.pop(lane, None) is not None and not members:
-            self._heap = self._members = None
+        if dict.pop(self, lane, None) is not None and not self:
+            self._heap = None
 
     def first(self, skip: Callable[[_L], bool] | None = None) -> _L | None:
         """The member that goes next, leaving it in; with `skip`, the first one it does not skip."""
-        heap, members = self._heap, self._members
-        if not members or heap is None:
+        heap = self._heap
+        if not self or heap is None:
             return None
         held = []
         found = None
         while heap:
             entry = heap[0]
-            if members.get(entry[2]) != entry[1]:
+            if self.get(entry[2]) != entry[1]:
                 heapq.heappop(heap)  # left or moved: a stale entry
             elif skip is not None and skip(entry[2]):
                 held.append(heapq.heappop(heap))
@@ -96,7 +82,7 @@ class Rotation(Generic[_L]):
             heapq.heappush(heap, entry)
         return found
 
-    def pop(self) -> _L | None:
+    def take(self) -> _L | None:
         """Take out and return the member that goes next, or None when there is none."""
         lane = self.first()
         if lane is not None:

@@ -178,7 +178,7 @@ def test_rotation_serves_lowest_turn_first_and_ties_in_arrival_order():
     rotation.discard(d)
     assert len(rotation) == 3 and d not in rotation
     assert rotation.first(lambda lane: lane.name == "b") is a
-    assert [rotation.pop(), rotation.pop(), rotation.pop(), rotation.pop()] == [b, a, c, None]
+    assert [rotation.take(), rotation.take(), rotation.take(), rotation.take()] == [b, a, c, None]
     assert not rotation
 
 
@@ -193,7 +193,7 @@ def test_rotation_moves_a_member_to_its_new_turn_and_stays_compact():
         rotation.add(lane)
     assert len(rotation) == 10
     assert len(rotation._heap) <= 2 * 10 + 32
-    assert [rotation.pop() for _ in range(10)] == lanes
+    assert [rotation.take() for _ in range(10)] == lanes
 
 
 def test_profile_change_serves_woken_lanes_by_turn(scenario_factory):
