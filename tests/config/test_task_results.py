@@ -29,6 +29,7 @@ def test_result_rows_older_than_the_expiry_are_cleaned_up():
     assert set(TaskResult.objects.values_list("task_id", flat=True)) == {"edge", "new"}
 
 
+@pytest.mark.django_db(transaction=True)  # the handler closes the process's connections
 def test_a_starting_worker_cleans_up_once():
     now = timezone.now()
     row = TaskResult.objects.create(task_id="stale", status="SUCCESS")

@@ -165,6 +165,36 @@ def test_CNC_ADMIT_SHARE_002_queue_share_rejects_only_the_noisy_principal(scenar
     s.run(body)
 
 
+def test_CNC_ADMIT_SHARE_002_a_queue_share_below_two_waiters_is_one(scenario_factory):
+    # max(1, floor(0.5 x 3)) = 1: one waiter per principal in this pool's queue.
+    s = scenario_factory(
+        make_profile(
+            workspace={"concurrency": 1},
+            providers={"llm": {"concurrency": 1, "maxQueueLength": 3, "maxPrincipalShare": 0.5}},
+            principals={"noisy": {"concurrency": 10}, "quiet": {"concurrency": 10}},
+        )
+    )
+
+    async def body(s):
+        holder = await s.admit(request("noisy", budget="h"))
+        waiting = s.start(request("noisy", budget="w"))
+        await s.settle()
+        error = await s.reject(request("noisy", budget="over"))
+        assert error.reason == "queue-full"
+        quiet = s.start(request("quiet", budget="q"))
+        await s.settle()
+        assert not quiet.done() and s.controller.snapshot("quiet").queued == 1
+        holder.release()
+        for _ in range(3):
+            await s.settle()
+            for task in (waiting, quiet):
+                if task.done() and not task.result().released:
+                    task.result().release()
+        assert waiting.done() and quiet.done()
+
+    s.run(body)
+
+
 def test_CNC_ADMIT_TOKEN_001_large_request_is_not_starved_by_small_ones(scenario_factory):
     s = scenario_factory(
         make_profile(

@@ -18,7 +18,7 @@ import pytest
 from admission.core import AdmissionRegistry, Profile, VirtualTimeLoop
 from admission.core.rotation import Rotation
 
-from .conftest import WORKSPACE, Scenario, make_profile, request
+from .conftest import WORKSPACE, Scenario, make_profile, rejection_of, request
 
 HOLD_S = 0.001
 
@@ -215,3 +215,54 @@ def test_profile_change_serves_woken_lanes_by_turn(scenario_factory):
         s.registry.register(Profile.from_dict(document, workspace_id=WORKSPACE))
 
     assert s.run(lambda s: _interrupted(s, change_profile)) == [N, N, Q, N, Q, N]
+
+
+def test_CNC_ADMIT_019_a_lane_served_after_the_oldest_waiter_ranks_by_its_own_turn(
+    scenario_factory,
+):
+    # Quiet waits (since before anyone else was served); noisy is then admitted at once and
+    # queues a second call, and rest queues one. Noisy was served after quiet started waiting,
+    # so it keeps its own turn and ranks behind rest, who was never served.
+    R = "rest"
+    one = {"concurrency": 1}
+    s = scenario_factory(
+        make_profile(workspace={"concurrency": 2}, principals={Q: one, N: one, R: one})
+    )
+
+    async def body(s: Scenario) -> list[str]:
+        served: list[str] = []
+        tasks = [asyncio.ensure_future(_call(s, served, Q, f"q{i}")) for i in range(2)]
+        await asyncio.sleep(0)
+        tasks += [asyncio.ensure_future(_call(s, served, N, f"n{i}")) for i in range(2)]
+        await asyncio.sleep(0)
+        tasks.append(asyncio.ensure_future(_call(s, served, R, "r0")))
+        await asyncio.gather(*tasks)
+        return served
+
+    # At 1 ms both first calls release: quiet's lane and rest's go before noisy's second call.
+    assert s.run(body) == [Q, N, Q, R, N]
+
+
+def test_a_waiter_refused_under_a_new_profile_does_not_hold_up_the_one_behind_it(scenario_factory):
+    # The lane is served again at once after its head is rejected, not at the next wake-up.
+    s = scenario_factory(make_profile(workspace={"concurrency": 1}))
+
+    async def body(s: Scenario) -> None:
+        holder = await s.admit(request("alice", budget="h"))
+        big = s.start(request("alice", budget="big", tokens=500))
+        small = s.start(request("alice", budget="small", tokens=5))
+        await s.settle()
+        document: dict[str, Any] = {
+            "profileVersion": "v2",
+            "workspace": {"concurrency": 2, "maxTokens": 100},
+            "providers": {"llm": {"concurrency": 100}},
+            "principals": {"alice": {"concurrency": 100}, "bob": {"concurrency": 100}},
+        }
+        s.registry.register(Profile.from_dict(document, workspace_id=WORKSPACE))
+        await s.settle()
+        assert rejection_of(big).reason == "tokens"
+        assert small.done() and small.result().evidence.decision == "admit"
+        small.result().release()
+        holder.release()
+
+    s.run(body)

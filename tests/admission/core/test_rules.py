@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from admission.core import AdmissionRegistry, AdmissionRejected, Limits, Profile, VirtualTimeLoop
 from admission.core.controller import _Ticket
 from admission.core.rules import (
+    EPSILON,
     budget_reason,
     compile_gate,
     count_or_none,
@@ -186,6 +187,12 @@ def test_CNC_ADMIT_009_budget_reasons_in_order_with_what_was_used():
     assert (
         budget_reason(SimpleNamespace(attempts=0, cost=0.1, tokens=None), limits, 0, 0.9, 0) is None
     )
+    # A cost over the ceiling by no more than the rounding slack still fits.
+    free = Limits(concurrency=1, max_cost_usd=0.0)
+    assert (
+        budget_reason(SimpleNamespace(attempts=0, cost=EPSILON, tokens=None), free, 0, 0.0, 0)
+        is None
+    )
     unknown = SimpleNamespace(attempts=0, cost=None, tokens=None)
     assert budget_reason(unknown, limits, 3, 5.0, 500) is None  # unknown figures are not counted
 
@@ -219,6 +226,7 @@ def test_the_ticket_reads_an_estimate_as_the_rules_count_it():
     ("value", "count", "amount"),
     [
         (0, True, True),
+        (0.0, True, True),
         (3, True, True),
         (2.0, True, True),
         (2.5, False, True),
