@@ -108,12 +108,15 @@ def test_CNC_ADMIT_SHARE_001_share_cap_bounds_active_permits(scenario_factory):
     s.run(body)
 
 
+@pytest.mark.parametrize("pool", ["workspace", "provider"])
 @pytest.mark.parametrize(("concurrency", "share", "cap"), [(4, 0.5, 2), (3, 0.5, 1), (5, 0.1, 1)])
-def test_CNC_ADMIT_SHARE_001_provider_share_cap_is_exact(scenario_factory, concurrency, share, cap):
-    # One principal holds at most max(1, floor(share x concurrency)) of the provider's permits.
+def test_CNC_ADMIT_SHARE_001_share_cap_is_exact(scenario_factory, pool, concurrency, share, cap):
+    # One principal holds at most max(1, floor(share x concurrency)) of a pool's permits.
+    limits = {"concurrency": concurrency, "maxPrincipalShare": share}
+    pools = {"workspace": limits} if pool == "workspace" else {"providers": {"llm": limits}}
     s = scenario_factory(
         make_profile(
-            providers={"llm": {"concurrency": concurrency, "maxPrincipalShare": share}},
+            **pools,
             principals={"noisy": {"concurrency": 10}, "quiet": {"concurrency": 10}},
         )
     )

@@ -266,3 +266,66 @@ def test_a_waiter_refused_under_a_new_profile_does_not_hold_up_the_one_behind_it
         holder.release()
 
     s.run(body)
+
+
+def test_a_woken_lane_that_cannot_use_the_permit_passes_the_wake_on(scenario_factory):
+    # Both lanes wait for the workspace's one permit. The release wakes the first; its provider
+    # is paused, so it passes the wake to the next lane, which is admitted at the release.
+    s = scenario_factory(
+        make_profile(
+            workspace={"concurrency": 1},
+            providers={"paused": {"concurrency": 10}, "llm": {"concurrency": 10}},
+            principals={N: TEN, Q: TEN, "holder": TEN},
+        )
+    )
+
+    async def body(s: Scenario) -> None:
+        holder = await s.admit(request("holder", budget="h"))
+        first = s.start(request(N, "paused", budget="n"))
+        second = s.start(request(Q, "llm", budget="q"))
+        await s.settle()
+        s.controller.coordinate_retry_after("paused", 1000)
+        await asyncio.sleep(0.005)
+        holder.release()
+        await s.settle()
+        assert second.done() and second.result().evidence.queue_delay_ms == 5
+        assert not first.done()
+        second.result().release()
+        lease = await first
+        assert s.now() == 1000
+        lease.release()
+
+    s.run(body)
+
+
+def test_defer_decisions_name_what_the_waiter_waits_for(scenario_factory):
+    s = scenario_factory(
+        make_profile(
+            workspace={"concurrency": 1},
+            providers={
+                "llm": {
+                    "concurrency": 10,
+                    "circuitBreaker": {"failureThreshold": 1, "openMs": 100},
+                }
+            },
+        )
+    )
+    defers: list[str] = []
+    s.registry.on_decision(
+        lambda event: defers.append(event.reason) if event.decision == "defer" else None
+    )
+
+    async def body(s: Scenario) -> None:
+        holder = await s.admit(request("alice", budget="h"))
+        waiting = s.start(request("bob", budget="w"))
+        await s.settle()
+        s.controller.coordinate_retry_after("llm", 10)
+        holder.release(success=True)
+        await s.settle()
+        (await waiting).release(success=False)  # opens the breaker
+        late = s.start(request("bob", budget="late"))
+        await s.settle()
+        (await late).release(success=True)
+
+    s.run(body)
+    assert defers == ["concurrency", "retry-after", "circuit-open"]
