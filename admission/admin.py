@@ -326,9 +326,8 @@ class WorkspaceAdmin(admin.ModelAdmin):
                 'No profile is active. <a href="{}">Propose the first one</a>.', propose
             )
         return format_html(
-            '<pre class="profile-json">{}</pre><a href="{}" class="button">Propose a change '
-            "starting from {}</a>",
-            _pretty(current.document),
+            '{}<a href="{}" class="button">Propose a change starting from {}</a>',
+            json_block(current.document, **{"class": "profile-json"}),
             propose,
             current.profile_version,
         )
