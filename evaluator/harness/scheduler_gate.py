@@ -294,5 +294,5 @@ SCHEDULER_GATE_TARGET = LoadTarget(
     name="evaluator",
     window_end_ms=gate_end_ms,
     run=_run_gate_target,
-    timeline=gate_arrivals,
+    make_arrivals=gate_arrivals,
 )

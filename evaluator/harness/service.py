@@ -131,8 +131,8 @@ def run_target(
     """Release ``manifest``'s arrivals over ``runner``'s window; returns the record, whose mode
     is the one the runner reports."""
     end_ms = runner.window_end_ms(manifest)
-    if runner.timeline is not None:
-        make = partial(runner.timeline, manifest, end_ms)
+    if runner.make_arrivals is not None:
+        make = partial(runner.make_arrivals, manifest, end_ms)
     else:
         make = partial(generate_arrivals, ArrivalModel.from_manifest(manifest), end_ms)
     timed, used = measure(runner, manifest, make, progress, keep_timeline)
