@@ -26,6 +26,7 @@ test: install
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 typecheck: install
 	$(BIN)/mypy admission evaluator config
@@ -39,8 +40,9 @@ bench: install
 	$(BIN)/python benchmarks/telemetry.py
 
 evidence: install
-	$(BIN)/python manage.py run_load_harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence
-	$(BIN)/python manage.py run_load_harness --manifest manifests/load-manifest.v2.json --target evaluator --write-evidence
+	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence
+	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v2.json --target evaluator --write-evidence
+	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v1.json --target evaluator --write-evidence
 
 clean:
 	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -63,17 +63,26 @@ def _operator(request: HttpRequest) -> User:
     return user
 
 
-def _pretty(document: Any) -> str:
+def pretty_json(document: Any) -> str:
+    """A document as the admin shows it: indented, keys sorted, non-ASCII text kept."""
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False)
+
+
+def json_block(document: Any, **attributes: str) -> SafeString:
+    """`pretty_json` in an escaped <pre> with the given attributes; a dash when there is none."""
+    if document is None:
+        return format_html("<pre>{}</pre>", "—")
+    shown = format_html_join("", ' {}="{}"', sorted(attributes.items()))
+    return format_html("<pre{}>{}</pre>", shown, pretty_json(document))
 
 
 def profile_diff_html(old: ProfileVersion | None, new_document: Any, new_label: str) -> SafeString:
     """A unified diff of two documents (keys sorted), as a <pre> block with marked lines."""
-    old_text = _pretty(old.document).splitlines() if old is not None else []
+    old_text = pretty_json(old.document).splitlines() if old is not None else []
     lines = list(
         difflib.unified_diff(
             old_text,
-            _pretty(new_document).splitlines(),
+            pretty_json(new_document).splitlines(),
             fromfile=old.profile_version if old is not None else "(no current version)",
             tofile=new_label,
             lineterm="",
@@ -317,9 +326,8 @@ class WorkspaceAdmin(admin.ModelAdmin):
                 'No profile is active. <a href="{}">Propose the first one</a>.', propose
             )
         return format_html(
-            '<pre class="profile-json">{}</pre><a href="{}" class="button">Propose a change '
-            "starting from {}</a>",
-            _pretty(current.document),
+            '{}<a href="{}" class="button">Propose a change starting from {}</a>',
+            json_block(current.document, **{"class": "profile-json"}),
             propose,
             current.profile_version,
         )
@@ -376,7 +384,7 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.Mode
 
     @admin.display(description="document")
     def document_pretty(self, obj: ProfileVersion) -> SafeString:
-        return format_html('<pre class="profile-json">{}</pre>', _pretty(obj.document))
+        return json_block(obj.document, **{"class": "profile-json"})
 
     @admin.display(description="document diff against the current version")
     def diff_to_current(self, obj: ProfileVersion) -> SafeString | str:

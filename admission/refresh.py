@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
 from django.db.models import OuterRef, Subquery
 
@@ -102,9 +102,12 @@ class ProfileListener(threading.Thread):
         super().__init__(name="sluice-profile-listener", daemon=True)
         self._guard = guard
         self._halt = threading.Event()
-        self._listen = connections["default"].vendor == "postgresql" and _env_listen()
+        self._listen = (
+            connections["default"].vendor == "postgresql" and settings.SLUICE_PROFILE_LISTEN
+        )
         default_poll = POLL_SECONDS_NOTIFY if self._listen else POLL_SECONDS_POLLING
-        self.poll_seconds = poll_seconds if poll_seconds is not None else _env_poll(default_poll)
+        configured = settings.SLUICE_PROFILE_POLL_SECONDS
+        self.poll_seconds = poll_seconds or configured or default_poll
         self.listening = threading.Event()
 
     def stop(self) -> None:
@@ -156,20 +159,6 @@ class ProfileListener(threading.Thread):
                 if time.monotonic() >= next_check:
                     self._check("poll")
                     next_check = time.monotonic() + self.poll_seconds
-
-
-def _env_listen() -> bool:
-    return os.environ.get("SLUICE_PROFILE_LISTEN", "1").strip().lower() not in {"0", "false", "no"}
-
-
-def _env_poll(default: float) -> float:
-    raw = os.environ.get("SLUICE_PROFILE_POLL_SECONDS", "")
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        logger.warning("SLUICE_PROFILE_POLL_SECONDS=%r is not a number; using %s", raw, default)
-        return default
-    return value if value > 0 else default
 
 
 def _connect_kwargs() -> dict[str, Any]:

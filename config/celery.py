@@ -16,29 +16,14 @@ from celery.signals import worker_process_init, worker_process_shutdown, worker_
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("sluice")
+# Queue name and broker options come from config/settings.py (CELERY_* settings).
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
-# A queue name of its own lets several deployments (and test runs) share one Redis.
-app.conf.task_default_queue = os.environ.get("SLUICE_CELERY_QUEUE", "sluice")
-
-_transport_options: dict[str, Any] = dict(app.conf.broker_transport_options or {})
 if str(app.conf.broker_url).startswith("filesystem://"):
+    _folders = dict(app.conf.broker_transport_options or {})
     for key in ("data_folder_in", "data_folder_out", "control_folder", "processed_folder"):
-        if key in _transport_options:
-            Path(_transport_options[key]).mkdir(parents=True, exist_ok=True)
-    # The default one-second poll would put a second on every submit-to-start.
-    _transport_options.setdefault(
-        "polling_interval", float(os.environ.get("SLUICE_BROKER_POLL_SECONDS", "0.05"))
-    )
-elif str(app.conf.broker_url).startswith(("redis://", "rediss://")):
-    # An unacknowledged message goes back to the queue after this long; it must outlast the
-    # longest evaluation, or a slow run would be delivered twice (the receipt stops the second).
-    _visibility = int(os.environ.get("SLUICE_BROKER_VISIBILITY_TIMEOUT", "3600"))
-    _transport_options.setdefault("visibility_timeout", _visibility)
-    # Sweep for abandoned messages often enough that the timeout, not the sweep, decides.
-    _transport_options.setdefault("unacked_restore_interval", max(1, min(10, _visibility // 5)))
-    _transport_options.setdefault("unacked_restore_throttle", 1)
-app.conf.broker_transport_options = _transport_options
+        if key in _folders:
+            Path(_folders[key]).mkdir(parents=True, exist_ok=True)
 
 app.autodiscover_tasks()
 
@@ -74,5 +59,17 @@ def _requeue_orphaned_runs(**_: Any) -> None:
 
     try:
         services.runs_requeue_orphaned()
+    finally:
+        connections.close_all()
+
+
+@worker_ready.connect
+def _expire_old_results(**_: Any) -> None:
+    # Beat runs the same clean-up daily where it is deployed; a starting worker does it once,
+    # so a deployment without beat (the embedded one) does not keep every result forever.
+    from django.db import connections
+
+    try:
+        app.backend.cleanup()
     finally:
         connections.close_all()

@@ -23,6 +23,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from config.env import SettingsError, env_bool, env_int, env_str
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_ADDR = "127.0.0.1:8000"
 STOP_GRACE_SECONDS = 15.0
@@ -247,24 +249,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m config.cli", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="migrate, set up the demo, run web server and worker")
-    run.add_argument("--addr", default=os.environ.get("SLUICE_ADDR", DEFAULT_ADDR))
+    try:
+        addr = env_str("SLUICE_ADDR", "") or DEFAULT_ADDR
+        concurrency = env_int("SLUICE_WORKER_CONCURRENCY", 2, minimum=1)
+        show_credentials = env_bool("SLUICE_SHOW_CREDENTIALS", False)
+    except SettingsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    run.add_argument("--addr", default=addr)
     run.add_argument(
-        "--concurrency",
-        type=int,
-        default=int(os.environ.get("SLUICE_WORKER_CONCURRENCY", "2")),
-        help="worker processes (default 2)",
+        "--concurrency", type=int, default=concurrency, help="worker processes (default 2)"
     )
     run.add_argument(
         "--show-credentials",
         action="store_true",
-        default=os.environ.get("SLUICE_SHOW_CREDENTIALS", "") not in ("", "0"),
+        default=show_credentials,
         help="print the demo passwords and tokens even when --addr is not the default "
         "(also SLUICE_SHOW_CREDENTIALS=1)",
     )
     run.set_defaults(handler=run_command)
     setup = commands.add_parser("demo-setup", help="migrate and set up the demo, idempotently")
     setup.add_argument("--json", action="store_true", help="print the credentials as JSON")
-    setup.add_argument("--addr", default=os.environ.get("SLUICE_ADDR", DEFAULT_ADDR))
+    setup.add_argument("--addr", default=addr)
     setup.set_defaults(handler=demo_setup_command)
     _add_web_command(commands)
     args = parser.parse_args(argv)

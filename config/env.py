@@ -1,8 +1,16 @@
-"""Read deployment settings from the environment, with embedded defaults."""
+"""Read deployment settings from the environment, with embedded defaults.
+
+The one place the project reads its environment: `config/settings.py` (and the `config.cli`
+launcher, which runs before Django) call these helpers; everything else reads
+`django.conf.settings`. An unset or empty variable means the default; a value that cannot be
+used raises `SettingsError` naming the variable, so a process refuses to start rather than run
+on a guess.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +19,29 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 class SettingsError(ValueError):
     """An environment variable holds a value the settings cannot use."""
+
+
+def env_str(name: str, default: str) -> str:
+    """The variable's text, stripped; `default` when it is not set (an empty value is kept)."""
+    raw = os.environ.get(name)
+    return default if raw is None else raw.strip()
+
+
+def env_float(
+    name: str, default: float | None, *, minimum: float = 0.0, exclusive: bool = False
+) -> float | None:
+    """A finite number at least (or, `exclusive`, above) `minimum`."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+    if not math.isfinite(value) or value < minimum or (exclusive and value == minimum):
+        relation = "above" if exclusive else "at least"
+        raise SettingsError(f"{name} must be a finite number {relation} {minimum:g}, got {raw!r}")
+    return value
 
 
 def env_bool(name: str, default: bool) -> bool:

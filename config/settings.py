@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from config.env import (
     database_from_url,
     env_bool,
     env_choice,
+    env_float,
     env_int,
     env_json,
     env_list,
+    env_str,
     otlp_protocol,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("SLUICE_VAR_DIR", BASE_DIR / "var"))
+VAR_DIR = Path(env_str("SLUICE_VAR_DIR", "") or BASE_DIR / "var")
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "sluice-insecure-development-key-change-me")
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") or "sluice-insecure-development-key-change-me"
 DEBUG = env_bool("DJANGO_DEBUG", True)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 
@@ -68,7 +69,7 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "config.wsgi.application"
 
-_database_url = os.environ.get("DATABASE_URL", "")
+_database_url = env_str("DATABASE_URL", "")
 if _database_url:
     DATABASES = {"default": database_from_url(_database_url, BASE_DIR)}
 else:
@@ -119,8 +120,11 @@ SPECTACULAR_SETTINGS = {
 }
 
 # Celery: an embedded filesystem broker by default; Redis or RabbitMQ from CELERY_BROKER_URL.
-CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "") or "filesystem://"
 CELERY_BROKER_DIR = VAR_DIR / "broker"
+# A queue name of its own lets several deployments (and test runs) share one Redis.
+CELERY_TASK_DEFAULT_QUEUE = env_str("SLUICE_CELERY_QUEUE", "") or "sluice"
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
 if CELERY_BROKER_URL.startswith("filesystem://"):
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(CELERY_BROKER_DIR / "queue"),
@@ -128,9 +132,26 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(CELERY_BROKER_DIR / "control"),
         "processed_folder": str(CELERY_BROKER_DIR / "processed"),
         "store_processed": False,
+        # The default one-second poll would put a second on every submit-to-start.
+        "polling_interval": env_float(
+            "SLUICE_BROKER_POLL_SECONDS", 0.05, minimum=0.0, exclusive=True
+        ),
+    }
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # An unacknowledged message goes back to the queue after this long; it must outlast the
+    # longest evaluation, or a slow run would be delivered twice (the receipt stops the second).
+    _visibility = env_int("SLUICE_BROKER_VISIBILITY_TIMEOUT", 3600, minimum=1)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "visibility_timeout": _visibility,
+        # Sweep for abandoned messages often enough that the timeout, not the sweep, decides.
+        "unacked_restore_interval": max(1, min(10, _visibility // 5)),
+        "unacked_restore_throttle": 1,
     }
 CELERY_RESULT_BACKEND = "django-db"
 CELERY_RESULT_EXTENDED = True
+# Result rows older than this are deleted by Celery's built-in `celery.backend_cleanup` task,
+# which celery beat schedules daily (run state lives on the run rows, not in the results).
+CELERY_RESULT_EXPIRES = env_int("SLUICE_RESULT_EXPIRES_SECONDS", 86_400, minimum=1)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
@@ -143,8 +164,8 @@ CELERY_TIMEZONE = TIME_ZONE
 # broker's Redis; set SLUICE_ADMISSION_REDIS_URL to empty to keep admission inside one process
 # (then exactly one worker process may run).
 _broker_redis = CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else ""
-SLUICE_ADMISSION_REDIS_URL = os.environ.get("SLUICE_ADMISSION_REDIS_URL", _broker_redis).strip()
-SLUICE_ADMISSION_KEY_PREFIX = os.environ.get("SLUICE_ADMISSION_KEY_PREFIX", "sluice").strip()
+SLUICE_ADMISSION_REDIS_URL = env_str("SLUICE_ADMISSION_REDIS_URL", _broker_redis)
+SLUICE_ADMISSION_KEY_PREFIX = env_str("SLUICE_ADMISSION_KEY_PREFIX", "sluice")
 SLUICE_ADMISSION_LEASE_TTL_MS = env_int("SLUICE_ADMISSION_LEASE_TTL_MS", 20_000, minimum=300)
 SLUICE_ADMISSION_HEARTBEAT_MS = env_int("SLUICE_ADMISSION_HEARTBEAT_MS", 1_000, minimum=50)
 SLUICE_ADMISSION_RECOVERY_GRACE_MS = env_int("SLUICE_ADMISSION_RECOVERY_GRACE_MS", 3_000)
@@ -175,7 +196,7 @@ STORAGES = {
 }
 
 # `python -m config.cli web`: gunicorn's bind address, worker processes and timeouts (seconds).
-SLUICE_WEB_BIND = os.environ.get("SLUICE_WEB_BIND", "127.0.0.1:8000")
+SLUICE_WEB_BIND = env_str("SLUICE_WEB_BIND", "") or "127.0.0.1:8000"
 SLUICE_WEB_WORKERS = env_int("SLUICE_WEB_WORKERS", 2, minimum=1)
 SLUICE_WEB_THREADS = env_int("SLUICE_WEB_THREADS", 1, minimum=1)
 SLUICE_WEB_TIMEOUT = env_int("SLUICE_WEB_TIMEOUT", 30, minimum=1)
@@ -197,13 +218,24 @@ LOGGING = {
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": SLUICE_LOG_FORMAT},
     },
-    "root": {"handlers": ["console"], "level": os.environ.get("SLUICE_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_str("SLUICE_LOG_LEVEL", "") or "INFO"},
 }
 # Celery replaces the root logger's handlers unless told not to; JSON logs must survive that.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = SLUICE_LOG_FORMAT != "json"
 
 # OpenTelemetry: exported over OTLP when the standard OTEL_EXPORTER_OTLP_* variables name an
 # endpoint; the exporters read the rest of those variables (headers, timeout, TLS) themselves.
-SLUICE_OTEL_SERVICE_NAME = os.environ.get("OTEL_SERVICE_NAME", "") or "sluice"
+SLUICE_OTEL_SERVICE_NAME = env_str("OTEL_SERVICE_NAME", "") or "sluice"
 SLUICE_OTLP_TRACES_PROTOCOL = otlp_protocol("TRACES")
 SLUICE_OTLP_METRICS_PROTOCOL = otlp_protocol("METRICS")
+
+# Adapters evaluations may name: JSON text (evaluator/deployment.py reads it), or a mapping when
+# set here directly. Empty: one fake adapter.
+SLUICE_ADAPTERS: object = env_str("SLUICE_ADAPTERS", "")
+
+# The per-process profile listener (admission/refresh.py): LISTEN on PostgreSQL unless turned
+# off, and a safety-net poll every this many seconds (None: 30 on PostgreSQL, 2 elsewhere).
+SLUICE_PROFILE_LISTEN = env_bool("SLUICE_PROFILE_LISTEN", True)
+SLUICE_PROFILE_POLL_SECONDS = env_float(
+    "SLUICE_PROFILE_POLL_SECONDS", None, minimum=0.0, exclusive=True
+)

@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from admission.admin import NoEditAdminMixin, ReadOnlyAdminMixin
+from admission.admin import NoEditAdminMixin, ReadOnlyAdminMixin, json_block
 from evaluator import services
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
 from evaluator.load_charts import load_run_glance
@@ -36,10 +36,7 @@ def _table(headers: tuple[str, ...], rows: Any) -> SafeString | str:
 
 
 def _pretty(document: Any) -> SafeString:
-    if document is None:
-        return format_html("<pre>{}</pre>", "—")
-    text = json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False)
-    return format_html('<pre style="max-height: 40em; overflow: auto">{}</pre>', text)
+    return json_block(document, style="max-height: 40em; overflow: auto")
 
 
 def _run_form_page(

@@ -1,6 +1,7 @@
 """The adapters this deployment offers to evaluations, read from `SLUICE_ADAPTERS`.
 
-`SLUICE_ADAPTERS` (a setting, else an environment variable) is a JSON object mapping adapter id
+The `SLUICE_ADAPTERS` setting (config/settings.py reads it from the environment) is a JSON
+object, as text or already parsed, mapping adapter id
 to `{"kind": "fake", "latencyMs": 20, "error": null, "callLog": null}` or
 `{"kind": "openai-chat", "baseUrl": "https://...", "apiKeyEnv": "NAME"}`. The adapter id is also
 the admission provider id, so it must match a provider of the workspace's profile. The default
@@ -54,12 +55,11 @@ class AdapterConfigError(ValueError):
 
 def _config() -> Mapping[str, Mapping[str, Any]]:
     configured = getattr(settings, "SLUICE_ADAPTERS", None)
-    if configured is None:
-        raw = os.environ.get("SLUICE_ADAPTERS", "")
-        if not raw:
-            return DEFAULT_ADAPTERS
+    if configured is None or configured == "":
+        return DEFAULT_ADAPTERS
+    if isinstance(configured, str):
         try:
-            configured = json.loads(raw)
+            configured = json.loads(configured)
         except ValueError as error:
             raise AdapterConfigError(f"SLUICE_ADAPTERS is not JSON: {error}") from None
     if not isinstance(configured, Mapping) or not all(

@@ -21,7 +21,7 @@ from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS, LoadManifest, load_manifest
 from evaluator.harness.records import TARGET_STAGED
 from evaluator.harness.replay import WORKSPACE_ID
-from evaluator.harness.service import LOAD_TARGETS, KeepTimeline, run_manifest
+from evaluator.harness.service import LOAD_TARGETS, KeepTimeline, run_manifest, target_refusal
 from evaluator.harness.staged_target import (
     StagedConfigError,
     check_capacity,
@@ -93,6 +93,9 @@ def check(
     if target not in TARGETS:
         raise QualificationError(f"must be one of {', '.join(TARGETS)}", field="target")
     manifest = _manifest(manifest_name)
+    refusal = target_refusal(manifest, target)
+    if refusal is not None:
+        raise QualificationError(refusal, field="target")
     if what_if_version is not None:
         if target not in WHAT_IF_TARGETS:
             raise QualificationError(

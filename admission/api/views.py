@@ -6,7 +6,6 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
-from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status, viewsets
@@ -38,16 +37,6 @@ WORKSPACE_KEY = OpenApiParameter(
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such workspace visible to you.")
 
 
-class TypedNotFoundMixin:
-    """Django's Http404 becomes DRF's NotFound, so the error body says `not_found`."""
-
-    def get_object(self) -> Any:
-        try:
-            return super().get_object()  # type: ignore[misc]
-        except Http404 as missing:
-            raise NotFound() from missing
-
-
 def _caller(request: Request) -> User:
     """The authenticated caller; permission classes have already refused anyone else."""
     user = request.user
@@ -57,7 +46,7 @@ def _caller(request: Request) -> User:
 
 
 @extend_schema(tags=["workspaces"])
-class WorkspaceViewSet(TypedNotFoundMixin, viewsets.ReadOnlyModelViewSet):
+class WorkspaceViewSet(viewsets.ReadOnlyModelViewSet):
     """Workspaces the caller belongs to (staff with the view permission: all)."""
 
     serializer_class = WorkspaceSerializer
@@ -193,7 +182,7 @@ class ProfileVersionListView(WorkspaceScopedView, generics.ListCreateAPIView):
     ],
     responses={200: ProfileVersionSerializer, 404: NOT_FOUND},
 )
-class ProfileVersionDetailView(TypedNotFoundMixin, WorkspaceScopedView, generics.RetrieveAPIView):
+class ProfileVersionDetailView(WorkspaceScopedView, generics.RetrieveAPIView):
     """One profile version by its `profileVersion` label."""
 
     serializer_class = ProfileVersionSerializer

@@ -264,7 +264,7 @@ class CoordinatedController:
         self._transitions: deque[BreakerTransition] = deque(maxlen=TRANSITION_HISTORY)
         self._snapshots: dict[str, QueueSnapshot] = {}
         self._fallback: Any = None
-        self._evicted = False
+        self.evicted = False
         # Registry bookkeeping (idle eviction) reads these as "anything held here".
         self._leases: dict[str, CoordinatedLease] = {}
         self._waiting: dict[str, Waiter] = {}
@@ -343,7 +343,11 @@ class CoordinatedController:
     def _current(self) -> CoordinatedController:
         return self
 
-    def _apply_profile(self, profile: Profile) -> None:
+    @property
+    def applied_profile(self) -> Profile:
+        return self._profile
+
+    def apply_profile(self, profile: Profile) -> None:
         """A newer profile is current here: queued work of this process is judged again."""
         self._profile = profile
         self._sequence = None
@@ -367,7 +371,10 @@ class CoordinatedController:
             # Installed later, by the first decision that finds Redis behind.
             logger.warning("could not install profile %s in Redis: %s", key, error)
 
-    def _is_idle(self, now: float) -> bool:
+    def is_busy(self) -> bool:
+        return bool(self._leases or self._waiting)
+
+    def is_idle(self, now: float) -> bool:
         return not self._leases and not self._waiting
 
     # ---------------------------------------------------------------- preflight
@@ -611,7 +618,7 @@ class CoordinatedController:
         ]
         for transition in transitions:
             self._transitions.append(transition)
-            self._registry._emit_breaker_transition(transition)
+            self._registry.report_breaker_transition(transition)
         return transitions
 
     def _lease(self, lease_id: str, ticket: _Ticket, result: dict[str, Any]) -> CoordinatedLease:
@@ -620,8 +627,8 @@ class CoordinatedController:
         lease = CoordinatedLease(self, lease_id, ticket, evidence)
         self._leases[lease_id] = lease
         self._coordinator.leases[lease_id] = lease
-        if self._registry._decision_listeners:
-            self._registry._emit_decision("admit", "admitted", ticket.request, evidence)
+        if self._registry.reports_decisions:
+            self._registry.report_decision("admit", "admitted", ticket.request, evidence)
         return lease
 
     def _rejection(
@@ -638,8 +645,8 @@ class CoordinatedController:
         if reason in ("queue-full", "queue-timeout", COORDINATION_UNAVAILABLE):
             hint = self._retry_hint(ticket, result, hint_base)
             evidence.retry_after_ms = hint
-        if self._registry._decision_listeners:
-            self._registry._emit_decision("reject", reason, ticket.request, evidence)
+        if self._registry.reports_decisions:
+            self._registry.report_decision("reject", reason, ticket.request, evidence)
         return AdmissionRejected(reason, evidence, hint)
 
     def _retry_hint(self, ticket: _Ticket, result: dict[str, Any], base: float | None) -> float:
@@ -666,8 +673,8 @@ class CoordinatedController:
             int(result.get("a", 0)), int(result.get("q", 0)) + 1
         )
         reason = result.get("reason")
-        if reason and self._registry._decision_listeners:
-            self._registry._emit_decision("defer", str(reason), request, None)
+        if reason and self._registry.reports_decisions:
+            self._registry.report_decision("defer", str(reason), request, None)
         self._arm_expiry(waiter, loop)
         if request.signal is not None:
             if request.signal.cancelled:

@@ -1,8 +1,11 @@
-"""Canonical JSON: one byte string per JSON value, identical to what JavaScript would produce.
+"""Canonical JSON: RFC 8785 (the JSON Canonicalization Scheme), with JavaScript's number rules.
 
 Keys are sorted by UTF-16 code units, there is no whitespace, non-ASCII text is kept as UTF-8,
 strings are escaped as ``JSON.stringify`` escapes them and numbers are written as JavaScript's
-``Number.prototype.toString`` writes them, so digests agree across languages.
+``Number.prototype.toString`` writes them, so digests agree across languages. Where RFC 8785
+implementations refuse input, this one does what JavaScript does: an integer beyond 2**53 is
+written as the nearest double, and a lone surrogate is written as a ``\\u`` escape. A test
+cross-checks random documents against the independent ``rfc8785`` package.
 """
 
 from __future__ import annotations

@@ -1,4 +1,10 @@
-"""Clocks for the admission core: the system clocks and an asyncio event loop on virtual time."""
+"""Clocks for the admission core: the system clocks and an asyncio event loop on virtual time.
+
+`VirtualTimeLoop` is the one place the core relies on asyncio below its public API (the
+selector it swaps, the ready queue, timer handles' flags);
+`tests/admission/core/test_clock.py::test_the_asyncio_internals_virtual_time_relies_on` names each
+of them, so a Python upgrade that moves one fails there.
+"""
 
 from __future__ import annotations
 

@@ -1,22 +1,25 @@
 """The admission controller of one workspace: preflight, fair queueing, dispatch and release.
 
-The order of checks is SPEC §3. Lanes are keyed (provider, principal) inside the workspace and are
-served round-robin. A lane whose head must wait is *parked* on the thing it waits for (a scope's
+Checks run in the order docs/admission-core.md gives. Lanes are keyed (provider, principal)
+inside the workspace. A lane whose head must wait is *parked* on the thing it waits for (a scope's
 permits, a share cap, a token-bucket reservation) or on a timer (buckets, Retry-After pauses, an
-open breaker), so releasing a permit only looks at lanes that the release can help.
+open breaker), so releasing a permit only looks at lanes that the release can help. Lanes that can
+proceed are served least recently served first (`rotation.Rotation`), whatever woke them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
+import heapq
+import itertools
 import math
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING, Any
 
 from admission.core.errors import AdmissionRejected
 from admission.core.evidence import AdmissionEvidence, BreakerTransition, QueueSnapshot
+from admission.core.rotation import Rotation
 from admission.core.rules import (
     EPSILON,
     budget_reason,
@@ -29,8 +32,8 @@ from admission.core.rules import (
 from admission.core.scopes import Budget, Pair, Scope, TokenBucket
 
 if TYPE_CHECKING:
+    from admission.core.hosting import ControllerHost
     from admission.core.limits import Profile
-    from admission.core.registry import AdmissionRegistry
     from admission.core.request import AdmissionRequest
 
 # Millisecond slack when comparing a timer's due time with the clock (float round trips).
@@ -44,6 +47,10 @@ RETRY_PRESSURE_CAP = 4096
 MAX_RETRY_HINT_MS = 30_000
 DEFAULT_RETRY_BASE_MS = 1_000.0
 TRANSITION_HISTORY = 256
+# Stale entries the heap of waiting lanes' turns may hold beyond twice the live lanes.
+TURN_SLACK = 32
+
+_turn_entries = itertools.count()
 
 
 class _Ticket:
@@ -132,18 +139,18 @@ def _as_int(value: Any) -> int | None:
 
 
 class _Lane:
-    """Waiters of one (provider, principal) lane, oldest first."""
+    """Waiters of one (provider, principal) lane, oldest first, and the lane's turn."""
 
-    __slots__ = ("key", "parked_epoch", "parked_on", "ready", "timer", "waiters", "woken_from")
+    __slots__ = ("key", "parked_epoch", "parked_on", "timer", "turn", "waiters", "woken_from")
 
-    def __init__(self, key: tuple[str, str]) -> None:
+    def __init__(self, key: tuple[str, str], turn: int) -> None:
         self.key = key
+        self.turn = turn
         self.waiters: OrderedDict[_Ticket, None] = OrderedDict()
-        self.ready = False
-        self.parked_on: dict[Any, None] | None = None
+        self.parked_on: Rotation[_Lane] | None = None
         self.parked_epoch = 0
         self.timer: asyncio.TimerHandle | None = None
-        self.woken_from: dict[Any, None] | None = None
+        self.woken_from: Rotation[_Lane] | None = None
 
     def head(self) -> _Ticket | None:
         for ticket in self.waiters:
@@ -229,7 +236,7 @@ class Lease:
 class AdmissionController:
     """Admission for one workspace: every ceiling of its current profile, fairly between lanes."""
 
-    def __init__(self, registry: AdmissionRegistry, profile: Profile) -> None:
+    def __init__(self, registry: ControllerHost, profile: Profile) -> None:
         self._registry = registry
         self._clock = registry.clock
         self.workspace_id = profile.workspace_id
@@ -239,7 +246,11 @@ class AdmissionController:
         self._principals: dict[str, Scope] = {}
         self._providers: dict[str, Scope] = {}
         self._lanes: dict[tuple[str, str], _Lane] = {}
-        self._ready: deque[_Lane] = deque()
+        self._ready: Rotation[_Lane] = Rotation()
+        # Admissions so far: the stamp of the latest one; and (turn, n, lane) of waiting lanes.
+        self._served = 0
+        self._turns: list[tuple[int, int, _Lane]] = []
+        self._pump_handle: asyncio.Handle | None = None
         self._budget_scopes: dict[str, list[Scope]] = {}
         self._idle_principals: OrderedDict[str, None] = OrderedDict()
         self._transitions: deque[BreakerTransition] = deque(maxlen=TRANSITION_HISTORY)
@@ -249,7 +260,7 @@ class AdmissionController:
         self._pumping = False
         self._epoch = 0
         self._profile_epoch = 0
-        self._evicted = False
+        self.evicted = False
         self._recompute_reservations()
 
     # ----------------------------------------------------------------- public API
@@ -263,8 +274,8 @@ class AdmissionController:
         """Admit the request now, queue it fairly, or raise `AdmissionRejected` with a reason."""
         if request.workspace_id != self.workspace_id:
             raise ValueError("request.workspace_id does not match this controller's workspace")
-        if self._evicted:
-            owner = self._registry._adopt(self)
+        if self.evicted:
+            owner = self._registry.adopt(self)
             if owner is not self:
                 return await owner.acquire(request)
         loop = asyncio.get_running_loop()
@@ -309,15 +320,14 @@ class AdmissionController:
         scopes = owner._budget_scopes.pop(budget_id, None)
         if not scopes:
             return
-        limit = owner._registry.max_idle_scopes
-        crowded = len(owner._principals) > limit
+        crowded = len(owner._principals) > owner._registry.max_idle_scopes
         for scope in scopes:
             scope.budgets.pop(budget_id, None)
             scope.repeats.pop(budget_id, None)
             if crowded and scope.kind == "principal" and not scope.active and not scope.queued:
                 owner._note_idle_principal(scope.key)
-        if len(owner._registry._controllers) > limit:
-            owner._note_idle()
+        if owner._registry.evicts_idle:
+            owner._registry.note_idle(owner)
 
     def coordinate_retry_after(self, provider_id: str, ms: float) -> None:
         """Pause this provider lane for `ms` milliseconds (starts or extends, never shortens)."""
@@ -335,11 +345,16 @@ class AdmissionController:
         return list(self._current()._transitions)
 
     # ------------------------------------------------------------ registry hooks
+    # (`hosting.HostedController`: how the registry manages this controller)
+
+    @property
+    def applied_profile(self) -> Profile:
+        return self._profile
 
     def _current(self) -> AdmissionController:
-        return self._registry._adopt(self) if self._evicted else self
+        return self._registry.adopt(self) if self.evicted else self
 
-    def _apply_profile(self, profile: Profile) -> None:
+    def apply_profile(self, profile: Profile) -> None:
         """Switch to a newly current profile and revalidate every queued request against it."""
         now = self._clock.monotonic_ms()
         self._profile = profile
@@ -364,7 +379,10 @@ class AdmissionController:
             self._make_ready(lane)
         self._pump()
 
-    def _is_idle(self, now: float) -> bool:
+    def is_busy(self) -> bool:
+        return bool(self._leases or self._waiting)
+
+    def is_idle(self, now: float) -> bool:
         if self._leases or self._waiting or self._budget_scopes:
             return False
         scopes = [self._workspace, *self._principals.values(), *self._providers.values()]
@@ -419,7 +437,7 @@ class AdmissionController:
     # --------------------------------------------------------------- checks
 
     def _preflight(self, ticket: _Ticket, now: float) -> str | None:
-        """SPEC 3.1, in order. Returns a rejection reason or None."""
+        """The preflight checks, in their documented order. Returns a rejection reason or None."""
         request = ticket.request
         signal = request.signal
         if signal is not None and signal.cancelled:
@@ -449,7 +467,9 @@ class AdmissionController:
             pair.gate_epoch = self._profile_epoch
         if gate_fails(ticket, pair.gate):
             limits = (principal.limits, self._workspace.limits, provider.limits)
-            return static_reason(ticket, limits)
+            reason = static_reason(ticket, limits)
+            if reason is not None:
+                return reason
         budget_id = request.budget_id
         for scope in (principal, self._workspace, provider):
             if scope.has_budgets:
@@ -465,7 +485,7 @@ class AdmissionController:
         return None
 
     def _dispatch_check(self, ticket: _Ticket, now: float) -> tuple[Any, ...] | None:
-        """SPEC 3.3 for a request that passed preflight: None to admit, else a deferral.
+        """The dispatch checks for a request that passed preflight: None to admit, else a deferral.
 
         A deferral is (reason, parked-set or None, wake-at ms or None, bucket to hold or None).
         Nothing is consumed here.
@@ -588,8 +608,8 @@ class AdmissionController:
             hint = self._retry_hint(ticket, now)
             evidence.retry_after_ms = hint
         self._release_holds(ticket)
-        if self._registry._decision_listeners:
-            self._registry._emit_decision("reject", reason, ticket.request, evidence)
+        if self._registry.reports_decisions:
+            self._registry.report_decision("reject", reason, ticket.request, evidence)
         return AdmissionRejected(reason, evidence, hint)
 
     def _retry_hint(self, ticket: _Ticket, now: float) -> float:
@@ -627,6 +647,8 @@ class AdmissionController:
         provider.active += 1
         pair.active += 1
         self._leases += 1
+        self._served += 1
+        pair.served = self._served
         budget_id = request.budget_id
         tokens = ticket.tokens or 0
         owners = self._budget_scopes.get(budget_id)
@@ -667,8 +689,8 @@ class AdmissionController:
                 breaker.probes += 1
                 probe = True
         evidence = self._evidence(ticket, "admit", "admitted", now)
-        if self._registry._decision_listeners:
-            self._registry._emit_decision("admit", "admitted", request, evidence)
+        if self._registry.reports_decisions:
+            self._registry.report_decision("admit", "admitted", request, evidence)
         return Lease(self, ticket, evidence, generation, probe)
 
     def _release(
@@ -726,8 +748,8 @@ class AdmissionController:
         limit = self._registry.max_idle_scopes
         if not principal.active and not principal.queued and len(self._principals) > limit:
             self._note_idle_principal(principal.key)
-        if not self._leases and not self._waiting and len(self._registry._controllers) > limit:
-            self._note_idle()
+        if not self._leases and not self._waiting and self._registry.evicts_idle:
+            self._registry.note_idle(self)
 
     def _reconcile(
         self,
@@ -789,7 +811,7 @@ class AdmissionController:
             failures=breaker.failures,
         )
         self._transitions.append(transition)
-        self._registry._emit_breaker_transition(transition)
+        self._registry.report_breaker_transition(transition)
         return transition
 
     def _pause(self, provider: Scope, now: float, ms: float) -> None:
@@ -830,6 +852,10 @@ class AdmissionController:
             for lane in list(self._lanes.values()):
                 for ticket in list(lane.waiters):
                     self._remove(ticket)
+        if self._pump_handle is not None:
+            # A pump scheduled on the previous loop may never run there.
+            self._pump_handle.cancel()
+            self._pump_handle = None
         self._loop = loop
 
     def _dwell_limit(self, ticket: _Ticket) -> float:
@@ -866,7 +892,9 @@ class AdmissionController:
         key = (request.provider_id, request.principal_id)
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = _Lane(key)
+            assert ticket.pair is not None
+            lane = self._lanes[key] = _Lane(key, self._entry_turn(ticket.pair))
+            self._note_turn(lane)
         future: asyncio.Future[Lease] = loop.create_future()
         ticket.future = future
         ticket.lane = lane
@@ -906,10 +934,7 @@ class AdmissionController:
             ticket.unsubscribe = None
         if not lane.waiters:
             self._unpark(lane)
-            if lane.ready:
-                lane.ready = False
-                with contextlib.suppress(ValueError):
-                    self._ready.remove(lane)
+            self._ready.discard(lane)
             del self._lanes[lane.key]
 
     def _remove(self, ticket: _Ticket) -> None:
@@ -924,8 +949,8 @@ class AdmissionController:
         principal = ticket.P
         if principal is not None and not principal.active and not principal.queued:
             self._note_idle_principal(principal.key)
-        if not self._leases and not self._waiting:
-            self._note_idle()
+        if not self._leases and not self._waiting and self._registry.evicts_idle:
+            self._registry.note_idle(self)
 
     def _reject_waiter(self, ticket: _Ticket, reason: str) -> None:
         future = ticket.future
@@ -972,16 +997,16 @@ class AdmissionController:
         self._park(lane, parked, wake_at, now)
         if ticket.defer_reason != reason:
             ticket.defer_reason = reason
-            if self._registry._decision_listeners:
-                self._registry._emit_decision("defer", reason, ticket.request, None)
+            if self._registry.reports_decisions:
+                self._registry.report_decision("defer", reason, ticket.request, None)
 
     def _park(
-        self, lane: _Lane, parked: dict[Any, None] | None, wake_at: float | None, now: float
+        self, lane: _Lane, parked: Rotation[_Lane] | None, wake_at: float | None, now: float
     ) -> None:
         self._unpark(lane)
         lane.parked_epoch = self._epoch
         if parked is not None:
-            parked[lane] = None
+            parked.add(lane)
             lane.parked_on = parked
         if wake_at is not None and self._loop is not None:
             when = max(wake_at, now + MIN_TIMER_STEP_MS)
@@ -990,27 +1015,28 @@ class AdmissionController:
     def _unpark(self, lane: _Lane) -> None:
         parked = lane.parked_on
         if parked is not None:
-            parked.pop(lane, None)
+            parked.discard(lane)
             lane.parked_on = None
         if lane.timer is not None:
             lane.timer.cancel()
             lane.timer = None
 
-    def _make_ready(self, lane: _Lane, woken_from: dict[Any, None] | None = None) -> None:
+    def _make_ready(self, lane: _Lane, woken_from: Rotation[_Lane] | None = None) -> None:
         self._unpark(lane)
-        if not lane.ready:
-            lane.ready = True
+        if lane not in self._ready:
             lane.woken_from = woken_from
-            self._ready.append(lane)
+            self._ready.add(lane)
 
-    def _wake_one(self, parked: dict[Any, None]) -> None:
-        for lane in parked:
-            if lane.parked_epoch >= self._epoch and self._pumping:
-                return  # parked during this pump pass: nothing has changed for it yet
+    def _parked_this_pass(self, lane: _Lane) -> bool:
+        # Nothing has changed yet for a lane that parked during the pump pass now running.
+        return self._pumping and lane.parked_epoch >= self._epoch
+
+    def _wake_one(self, parked: Rotation[_Lane]) -> None:
+        lane = parked.first(self._parked_this_pass)
+        if lane is not None:
             self._make_ready(lane, parked)
-            return
 
-    def _wake_all(self, parked: dict[Any, None]) -> None:
+    def _wake_all(self, parked: Rotation[_Lane]) -> None:
         for lane in list(parked):
             self._make_ready(lane)
 
@@ -1018,10 +1044,16 @@ class AdmissionController:
         lane.timer = None
         if lane.waiters:
             self._make_ready(lane)
-            self._pump()
+            # Other timers may be due at this same instant: serve all of their lanes by turn.
+            if self._pump_handle is None and self._loop is not None:
+                self._pump_handle = self._loop.call_soon(self._pump_soon)
+
+    def _pump_soon(self) -> None:
+        self._pump_handle = None
+        self._pump()
 
     def _pump(self) -> None:
-        """Serve ready lanes round-robin, head first, until each is admitted from or parked."""
+        """Serve ready lanes by turn, head first, until each is admitted from or parked."""
         if self._pumping:
             return
         self._pumping = True
@@ -1029,15 +1061,15 @@ class AdmissionController:
         ready = self._ready
         try:
             while ready:
-                lane = ready.popleft()
-                lane.ready = False
+                lane = ready.take()
+                assert lane is not None
                 woken_from = lane.woken_from
                 lane.woken_from = None
                 self._serve(lane, woken_from)
         finally:
             self._pumping = False
 
-    def _serve(self, lane: _Lane, woken_from: dict[Any, None] | None) -> None:
+    def _serve(self, lane: _Lane, woken_from: Rotation[_Lane] | None) -> None:
         while lane.waiters:
             ticket = lane.head()
             assert ticket is not None
@@ -1049,7 +1081,7 @@ class AdmissionController:
             defer = self._dispatch_check(ticket, now)
             if defer is not None:
                 self._defer(lane, ticket, defer, now)
-                if woken_from is not None and woken_from:
+                if woken_from:
                     self._wake_one(woken_from)
                 return
             future = ticket.future
@@ -1060,9 +1092,44 @@ class AdmissionController:
             else:
                 lease.release(success=None)
             if lane.waiters:
-                # Round robin: a lane that was served goes to the back of the rotation.
+                # Just served: the lane's next turn comes after every lane served before it.
+                lane.turn = 2 * self._served + 1
+                self._note_turn(lane)
                 self._make_ready(lane)
             return
+
+    # ------------------------------------------------------------- rotation
+    # A lane's turn is 2s+1 when its pair was last admitted at stamp s. A lane that starts waiting
+    # never ranks below the floor F, the lowest stamp among waiting lanes (one more than the latest
+    # stamp when none waits): pairs admitted before F all take turn 2F, first come first served,
+    # just ahead of the longest-unserved waiting lane. So forgetting an evicted pair's stamp
+    # (which is then below F) cannot change any order.
+
+    def _entry_turn(self, pair: Pair) -> int:
+        floor = self._turn_floor()
+        served = pair.served
+        return 2 * served + 1 if served >= floor else 2 * floor
+
+    def _turn_floor(self) -> int:
+        turns, lanes = self._turns, self._lanes
+        while turns:
+            turn, _, lane = turns[0]
+            if lane.turn == turn and lanes.get(lane.key) is lane:
+                return turn // 2
+            heapq.heappop(turns)  # the lane was served since, or is gone
+        return self._served + 1
+
+    def _note_turn(self, lane: _Lane) -> None:
+        turns = self._turns
+        heapq.heappush(turns, (lane.turn, next(_turn_entries), lane))
+        if len(turns) > 2 * len(self._lanes) + TURN_SLACK:
+            lanes = self._lanes
+            turns[:] = [
+                entry
+                for entry in turns
+                if entry[2].turn == entry[0] and lanes.get(entry[2].key) is entry[2]
+            ]
+            heapq.heapify(turns)
 
     # ------------------------------------------------------------- eviction
 
@@ -1086,19 +1153,19 @@ class AdmissionController:
             if scope.active or scope.queued:
                 continue  # busy again; it will be noted idle when it is
             if not scope.is_idle(now) or not self._pairs_idle(candidate):
-                idle[candidate] = None  # retry later, once its buckets have refilled
+                # Retry later, once its buckets have refilled and the lanes served before it moved.
+                idle[candidate] = None
                 continue
             del self._principals[candidate]
             for provider in self._providers.values():
                 provider.pairs.pop(candidate, None)
 
     def _pairs_idle(self, principal_id: str) -> bool:
+        floor = self._turn_floor()
         for provider in self._providers.values():
             pair = provider.pairs.get(principal_id)
-            if pair is not None and (pair.active or pair.queued or pair.parked):
+            if pair is not None and (
+                pair.active or pair.queued or pair.parked or pair.served >= floor
+            ):
                 return False
         return True
-
-    def _note_idle(self) -> None:
-        if len(self._registry._controllers) > self._registry.max_idle_scopes:
-            self._registry._note_idle(self)

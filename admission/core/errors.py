@@ -1,4 +1,4 @@
-"""Exceptions of the admission core and the vocabulary of admission reasons (SPEC §3.7)."""
+"""Exceptions of the admission core and the vocabulary of admission reasons."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ RETRYABLE_REASONS: frozenset[str] = frozenset(
 
 
 class InvalidProfileError(ValueError):
-    """A profile document (or a part of it) breaks the rules of SPEC §2.
+    """A profile document (or a part of it) breaks the rules of docs/admission-core.md.
 
     ``field`` is the dotted path of the offending field, for example
     ``providers.jev.circuitBreaker.failureThreshold`` or ``principals[2].limits.concurrency``.

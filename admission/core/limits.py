@@ -1,4 +1,4 @@
-"""Limits profiles: parsing, validation, round trip and digests (SPEC §2 and §4).
+"""Limits profiles: parsing, validation, round trip and digests.
 
 A profile document is JSON with camelCase keys; the Python objects use snake_case. Every
 validation failure raises ``InvalidProfileError`` naming the offending field. Digests are taken
@@ -34,7 +34,7 @@ _SHARE = "share"
 _FLAG = "flag"
 _BREAKER = "breaker"
 
-# (JSON key, attribute, kind) in the order of SPEC §2.
+# (JSON key, attribute, kind) in the order profile documents list them.
 _LIMIT_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("concurrency", "concurrency", _POSITIVE_COUNT),
     ("requestsPerMinute", "requests_per_minute", _AMOUNT),

@@ -1,4 +1,8 @@
-"""One controller per workspace, the ledger of registered profile revisions, and listeners."""
+"""One controller per workspace, the ledger of registered profile revisions, and listeners.
+
+The registry is the `hosting.ControllerHost` of its controllers and manages them only through
+`hosting.HostedController`.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,13 @@ import random
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from admission.core.clock import SystemClock
 from admission.core.controller import AdmissionController
 from admission.core.errors import ProfileConflictError
 from admission.core.evidence import ProfileChangeRecord
+from admission.core.hosting import HostedController
 
 if TYPE_CHECKING:
     from admission.core.clock import Clock
@@ -23,6 +28,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PROFILE_HISTORY = 256
+
+_C = TypeVar("_C", bound=HostedController)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +62,7 @@ class AdmissionRegistry:
         clock: Clock | None = None,
         max_idle_scopes: int = 1024,
         rng: random.Random | None = None,
-        controller_factory: Callable[[AdmissionRegistry, Profile], Any] | None = None,
+        controller_factory: Callable[[AdmissionRegistry, Profile], HostedController] | None = None,
     ) -> None:
         if type(max_idle_scopes) is not int or max_idle_scopes < 0:
             raise ValueError("max_idle_scopes must be a non-negative integer")
@@ -64,12 +71,14 @@ class AdmissionRegistry:
         self.rng = rng if rng is not None else random.Random()
         # Another kind of controller (deployment-wide admission) plugs in here.
         self._controller_factory = controller_factory or AdmissionController
-        self._controllers: dict[str, AdmissionController] = {}
+        self._controllers: dict[str, HostedController] = {}
         self._ledgers: dict[str, _Ledger] = {}
         self._idle: OrderedDict[str, None] = OrderedDict()
         self._profile_listeners: list[Callable[[ProfileChangeRecord], Any]] = []
         self._breaker_listeners: list[Callable[[BreakerTransition], Any]] = []
         self._decision_listeners: list[Callable[[DecisionEvent], Any]] = []
+        self.reports_decisions = False
+        self.evicts_idle = False
 
     def register(self, profile: Profile, *, sequence: int | None = None) -> AdmissionController:
         """Make `profile` current for its workspace; an earlier revision again is a rollback.
@@ -107,7 +116,7 @@ class AdmissionRegistry:
         if controller is None:
             controller = self._controller_for(workspace_id, create=True)
         else:
-            controller._apply_profile(profile)
+            controller.apply_profile(profile)
         record = ProfileChangeRecord(
             workspace_id=workspace_id,
             kind=kind,
@@ -123,7 +132,7 @@ class AdmissionRegistry:
         assert controller is not None
         if sequence is not None:
             self.note_sequence(workspace_id, sequence)
-        return controller
+        return cast(AdmissionController, controller)
 
     def note_sequence(self, workspace_id: str, sequence: int) -> None:
         """The host's ledger position of the workspace's current revision (a no-op for
@@ -160,31 +169,13 @@ class AdmissionRegistry:
         """Every admit, reject and defer decision, for telemetry; costs nothing when unused."""
         return self._subscribe(self._decision_listeners, callback)
 
-    # ----------------------------------------------------------- internals
+    # ------------------------------------------- hosting.ControllerHost (for controllers)
 
-    @staticmethod
-    def _subscribe(listeners: list[Any], callback: Callable[..., Any]) -> Callable[[], None]:
-        listeners.append(callback)
-
-        def unsubscribe() -> None:
-            if callback in listeners:
-                listeners.remove(callback)
-
-        return unsubscribe
-
-    @staticmethod
-    def _call(callback: Callable[..., Any], payload: Any) -> None:
-        try:
-            callback(payload)
-        except Exception:
-            # A failing listener never breaks admission.
-            logger.exception("admission listener %r failed", callback)
-
-    def _emit_breaker_transition(self, transition: BreakerTransition) -> None:
+    def report_breaker_transition(self, transition: BreakerTransition) -> None:
         for callback in list(self._breaker_listeners):
             self._call(callback, transition)
 
-    def _emit_decision(
+    def report_decision(
         self,
         decision: str,
         reason: str,
@@ -195,30 +186,23 @@ class AdmissionRegistry:
         for callback in list(self._decision_listeners):
             self._call(callback, event)
 
-    def _controller_for(self, workspace_id: str, *, create: bool) -> AdmissionController | None:
-        controller = self._controllers.get(workspace_id)
-        if controller is not None or not create:
-            return controller
-        ledger = self._ledgers.get(workspace_id)
-        if ledger is None or ledger.profile is None:
-            return None
-        controller = self._controller_factory(self, ledger.profile)
-        self._controllers[workspace_id] = controller
-        return controller
-
-    def _adopt(self, controller: AdmissionController) -> AdmissionController:
+    def adopt(self, controller: _C) -> _C:
         """The live controller for an evicted one's workspace; it takes its old place if free."""
         live = self._controllers.get(controller.workspace_id)
         if live is not None and live is not controller:
-            return live
-        controller._evicted = False
+            return cast(_C, live)
+        controller.evicted = False
         self._controllers[controller.workspace_id] = controller
+        self._count_controllers()
         ledger = self._ledgers[controller.workspace_id]
-        if ledger.profile is not None and ledger.profile is not controller._profile:
-            controller._apply_profile(ledger.profile)
+        if ledger.profile is not None and ledger.profile is not controller.applied_profile:
+            controller.apply_profile(ledger.profile)
         return controller
 
-    def _note_idle(self, controller: AdmissionController) -> None:
+    def note_idle(self, controller: HostedController) -> None:
+        # Idleness only matters once there are more controllers than may idle.
+        if len(self._controllers) <= self.max_idle_scopes:
+            return
         idle = self._idle
         workspace_id = controller.workspace_id
         idle[workspace_id] = None
@@ -233,9 +217,47 @@ class AdmissionRegistry:
             existing = self._controllers.get(candidate)
             if existing is None:
                 continue
-            if existing._is_idle(now):
+            if existing.is_idle(now):
                 # Only state is dropped; the ledger of revisions stays.
-                existing._evicted = True
+                existing.evicted = True
                 del self._controllers[candidate]
-            elif not existing._leases and not existing._waiting:
+                self._count_controllers()
+            elif not existing.is_busy():
                 idle[candidate] = None
+
+    # ----------------------------------------------------------- internals
+
+    def _subscribe(self, listeners: list[Any], callback: Callable[..., Any]) -> Callable[[], None]:
+        listeners.append(callback)
+        self.reports_decisions = bool(self._decision_listeners)
+
+        def unsubscribe() -> None:
+            if callback in listeners:
+                listeners.remove(callback)
+            self.reports_decisions = bool(self._decision_listeners)
+
+        return unsubscribe
+
+    @staticmethod
+    def _call(callback: Callable[..., Any], payload: Any) -> None:
+        try:
+            callback(payload)
+        except Exception:
+            # A failing listener never breaks admission.
+            logger.exception("admission listener %r failed", callback)
+
+    def _controller_for(self, workspace_id: str, *, create: bool) -> AdmissionController | None:
+        # Typed as the default kind; a plugged-in factory's controllers offer the same API.
+        controller = cast("AdmissionController | None", self._controllers.get(workspace_id))
+        if controller is not None or not create:
+            return controller
+        ledger = self._ledgers.get(workspace_id)
+        if ledger is None or ledger.profile is None:
+            return None
+        created = self._controller_factory(self, ledger.profile)
+        self._controllers[workspace_id] = created
+        self._count_controllers()
+        return cast(AdmissionController, created)
+
+    def _count_controllers(self) -> None:
+        self.evicts_idle = len(self._controllers) > self.max_idle_scopes

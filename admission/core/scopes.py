@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from admission.core.rotation import Rotation
 from admission.core.rules import EPSILON, Gate, has_budgets
 
 if TYPE_CHECKING:
@@ -22,10 +23,10 @@ class TokenBucket:
         self.rate_per_ms = rate_per_ms
         self.level = capacity
         self.updated_ms = now_ms
-        # The waiter holding this bucket's large-token reservation (SPEC 3.4), if any.
+        # The waiter holding this bucket's large-token reservation, if any.
         self.holder: object | None = None
         # Lanes waiting for the holder to resolve before their estimate can ever fit.
-        self.parked: dict[object, None] = {}
+        self.parked: Rotation[Any] = Rotation()
 
     def refill(self, now_ms: float) -> float:
         elapsed = now_ms - self.updated_ms
@@ -111,7 +112,7 @@ class Scope:
         self.queued = 0
         self.budgets: dict[str, Budget] = {}
         # Lanes deferred because this scope had no free permit, woken when one is released.
-        self.parked: dict[object, None] = {}
+        self.parked: Rotation[Any] = Rotation()
         self.req_bucket: TokenBucket | None = None
         self.tok_bucket: TokenBucket | None = None
         self.pause_until_ms = -math.inf
@@ -179,13 +180,15 @@ class Scope:
 class Pair:
     """A principal's permits and waiters inside one provider pool."""
 
-    __slots__ = ("active", "gate", "gate_epoch", "parked", "queued")
+    __slots__ = ("active", "gate", "gate_epoch", "parked", "queued", "served")
 
     def __init__(self) -> None:
         self.active = 0
         self.queued = 0
+        # The controller's admission stamp of this pair's latest admission (0: never admitted).
+        self.served = 0
         # The lane's static rules (`rules.compile_gate`), compiled once per profile.
         self.gate: Gate = ()
         self.gate_epoch = -1
         # Lanes deferred on this principal's share cap in the provider pool.
-        self.parked: dict[object, None] = {}
+        self.parked: Rotation[Any] = Rotation()

@@ -55,7 +55,7 @@ _REJECTION_OUTCOMES = {
 
 
 def outcome_for_rejection(reason: str, *, deadline_fired: bool) -> str:
-    """The attempt outcome of an admission rejection (SPEC §5).
+    """The attempt outcome of an admission rejection (see docs/evaluator.md).
 
     ``cancelled`` becomes ``timeout`` when a deadline, not the caller, fired the signal; every
     reason without its own mapping (``queue-full``, ``unconfigured-provider``, ...) is
@@ -142,11 +142,6 @@ class DecisionOutcome:
     @property
     def succeeded(self) -> bool:
         return self.status == SUCCEEDED
-
-    @property
-    def adapter_calls(self) -> int:
-        """How many attempts were really sent to an adapter."""
-        return sum(1 for attempt in self.attempts if attempt.sent)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -185,9 +185,6 @@ class ReceiptJournal:
         """Attempts recorded for decision ``index`` so far."""
         return [AttemptRecord.from_dict(item) for item in self._doc["decisions"][index]["attempts"]]
 
-    def pending_dispatch(self) -> dict[str, Any] | None:
-        return copy.deepcopy(self._doc["pendingDispatch"])
-
     async def resolve_pending(self) -> int | None:
         """Turn a pending-dispatch slot left by a crash into an ``execution-uncertain`` attempt
         and outcome; returns the decision index it belonged to."""

@@ -1,4 +1,4 @@
-"""Load qualification harness (SPEC §7): preregistered manifests run on virtual time.
+"""Load qualification harness: preregistered manifests run on virtual time.
 
 Pure Python, like ``admission.core``: no Django, DRF or Celery import, so the management
 command, a Celery task and the tests all call the same ``run_load``.

@@ -1,4 +1,5 @@
-"""The seeded bursty Poisson arrival model of SPEC §7, bit-for-bit as the JavaScript reference.
+"""The seeded bursty Poisson arrival model of the load manifests, bit-for-bit as the JavaScript
+reference implementation draws it (mulberry32, seven draws per arrival).
 
 Every arrival takes exactly seven draws from mulberry32, so adding a field to an arrival never
 shifts the draws of the arrivals after it.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from evaluator.harness.errors import ManifestFormatError
 from evaluator.harness.manifests import LoadManifest
@@ -199,17 +200,3 @@ def iter_arrivals(model: ArrivalModel, end_ms: float) -> Iterator[Arrival]:
 def generate_arrivals(model: ArrivalModel, end_ms: float) -> list[Arrival]:
     """All arrivals before ``end_ms`` as a list."""
     return list(iter_arrivals(model, end_ms))
-
-
-def arrival_summary(arrivals: Sequence[Arrival]) -> dict[str, Any]:
-    """Counts that describe a timeline at a glance (used by tests and the command's summary)."""
-    by_principal: dict[str, int] = {}
-    for arrival in arrivals:
-        by_principal[arrival.principal_id] = by_principal.get(arrival.principal_id, 0) + 1
-    return {
-        "arrivals": len(arrivals),
-        "byPrincipal": by_principal,
-        "huge": sum(1 for a in arrivals if a.huge),
-        "failsFirstAttempt": sum(1 for a in arrivals if a.fails_first_attempt),
-        "cancels": sum(1 for a in arrivals if a.cancel_at_ms is not None),
-    }

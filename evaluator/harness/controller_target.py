@@ -23,6 +23,7 @@ from admission.core import (
 from evaluator.harness.arrivals import Arrival
 from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.replay import WORKSPACE_ID, TimelineDriver
+from evaluator.harness.stepping import advance
 from evaluator.harness.target import LoadTarget, Progress, TargetRun
 
 __all__ = [
@@ -144,28 +145,18 @@ class ControllerDriver(TimelineDriver):
             estimate = self._estimates[tokens] = estimate_for(tokens)
         return estimate
 
-    def _step(self, call: _Call, _done: object = None) -> bool:
-        # What Task.__step does, without a Task: most acquires finish without ever suspending.
-        try:
-            awaited = call.acquiring.send(None)
-        except StopIteration as granted:
-            self._settle(call)
-            self._admitted(call, granted.value)
-            return True
-        except AdmissionRejected as rejection:
-            self._settle(call)
-            self._rejected(call, rejection)
-            return True
-        except BaseException as error:
-            self._settle(call)
-            self._fail(error)
-            return True
-        if awaited is None:
-            self.loop.call_soon(self._step, call)
+    def _step(self, call: _Call) -> bool:
+        finished = advance(call.acquiring, self.loop, partial(self._step, call))
+        if finished is None:
+            return False
+        self._settle(call)
+        if finished.error is None:
+            self._admitted(call, finished.value)
+        elif isinstance(finished.error, AdmissionRejected):
+            self._rejected(call, finished.error)
         else:
-            awaited._asyncio_future_blocking = False
-            awaited.add_done_callback(partial(self._step, call))
-        return False
+            self._fail(finished.error)
+        return True
 
     def _settle(self, call: _Call) -> None:
         if call.state == _WAITING:

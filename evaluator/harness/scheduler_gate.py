@@ -1,6 +1,10 @@
 """The v1 manifest's unit gate (CNC-SCHED-005): its declared durations expanded into synthetic
 arrivals and run through the bounded scheduler of the real evaluator.
 
+It is also v1's load run (``python -m evaluator.harness --manifest
+manifests/load-manifest.v1.json --target evaluator``): the report becomes a
+``decision-load-result/v1`` record judged against v1's bounds.
+
 The v1 manifest declares the six concurrency ceilings of a scheduled evaluation, a seeded
 bursty arrival rate and three bounds the gate judges: active calls, canonical output order and
 eligible-lane wait. It declares no lanes, principals or service times, so the gate fixes them
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -30,9 +34,17 @@ from evaluator.engine.scheduler import evaluate_decision_ruleset, scheduler_ceil
 from evaluator.harness.arrivals import Arrival, ArrivalModel, PrincipalWeight, generate_arrivals
 from evaluator.harness.manifests import LoadManifest
 from evaluator.harness.observed import ObservedAdapter, ObservedRegistry
+from evaluator.harness.records import MODE_OFFLINE
 from evaluator.harness.tally import LoadTally
+from evaluator.harness.target import LoadTarget, Progress, TargetRun, window
 
-__all__ = ["GATE_LANES", "SchedulerGateReport", "gate_arrivals", "run_scheduler_gate"]
+__all__ = [
+    "GATE_LANES",
+    "SCHEDULER_GATE_TARGET",
+    "SchedulerGateReport",
+    "gate_arrivals",
+    "run_scheduler_gate",
+]
 
 WORKSPACE_ID = "scheduler-gate"
 PRINCIPAL_ID = "gate"
@@ -88,14 +100,20 @@ def _v1_profile(manifest: LoadManifest) -> Profile:
     )
 
 
-def gate_arrivals(manifest: LoadManifest) -> list[Arrival]:
+def gate_end_ms(manifest: LoadManifest) -> float:
+    """load + spike + soak: the gate's window."""
+    duration = manifest.section("duration")
+    seconds = duration["loadSeconds"] + duration["spikeSeconds"] + duration["soakSeconds"]
+    return float(seconds) * 1000.0
+
+
+def gate_arrivals(manifest: LoadManifest, end_ms: float | None = None) -> list[Arrival]:
     """v1's seeded arrivals over load + spike + soak, with the gate's lanes and service times."""
     model = manifest.section("arrivalModel")
     duration = manifest.section("duration")
     load_ms = float(duration["loadSeconds"]) * 1000.0
-    end_ms = (
-        float(duration["loadSeconds"] + duration["spikeSeconds"] + duration["soakSeconds"]) * 1000.0
-    )
+    if end_ms is None:
+        end_ms = gate_end_ms(manifest)
     arrival_model = ArrivalModel(
         seed=int(model["seed"]),
         average_requests_per_second=float(model["averageRequestsPerSecond"]),
@@ -193,9 +211,17 @@ def _first_dispatch_wait_ms(outcome: Any) -> float:
     return float(first.started_ms + queue_delay)
 
 
-def run_scheduler_gate(manifest: LoadManifest) -> SchedulerGateReport:
+def run_scheduler_gate(
+    manifest: LoadManifest, arrivals: Sequence[Arrival] | None = None
+) -> SchedulerGateReport:
     """Run the v1 gate and report what it observed against the manifest's bounds."""
-    arrivals = gate_arrivals(manifest)
+    report, _tally = _run_gate(manifest, gate_arrivals(manifest) if arrivals is None else arrivals)
+    return report
+
+
+def _run_gate(
+    manifest: LoadManifest, arrivals: Sequence[Arrival]
+) -> tuple[SchedulerGateReport, LoadTally]:
     gate = _Gate(manifest, arrivals)
     probe = gate.request(arrivals[:1])
     ceiling = scheduler_ceiling(probe, gate.profile, receipt_backed=False)
@@ -217,7 +243,7 @@ def run_scheduler_gate(manifest: LoadManifest) -> SchedulerGateReport:
         for outcome in result.decisions:
             succeeded += outcome.succeeded
             longest_wait = max(longest_wait, _first_dispatch_wait_ms(outcome))
-    return SchedulerGateReport(
+    report = SchedulerGateReport(
         arrivals=len(arrivals),
         evaluations=len(gate.results),
         ceiling=ceiling,
@@ -229,3 +255,44 @@ def run_scheduler_gate(manifest: LoadManifest) -> SchedulerGateReport:
         succeeded=succeeded,
         bounds=dict(manifest.bounds),
     )
+    return report, gate.tally
+
+
+def _run_gate_target(
+    manifest: LoadManifest, arrivals: Iterable[Arrival], progress: Progress | None = None
+) -> TargetRun:
+    arrivals = list(arrivals)
+    report, tally = _run_gate(manifest, arrivals)
+    end_ms = gate_end_ms(manifest)
+    observations = tally.observations(end_ms)
+    # Every arrival is one decision of the second's evaluation; none is retried or cancelled.
+    observations.update(
+        arrivals=report.arrivals,
+        completed=report.succeeded,
+        failed=report.arrivals - report.succeeded,
+        maximumEligibleLaneWaitMs=report.maximum_eligible_lane_wait_ms,
+        retryAmplificationRatio=tally.attempts / report.arrivals if report.arrivals else None,
+        quietPrincipalAdmissionRatio=report.succeeded / report.arrivals
+        if report.arrivals
+        else None,
+        evaluations=report.evaluations,
+        schedulerCeiling=report.ceiling,
+        canonicalOrderKept=report.canonical_order_kept,
+    )
+    if progress is not None:
+        progress(1.0)
+    return TargetRun(
+        mode=MODE_OFFLINE,
+        window=window(end_ms),
+        observations=observations,
+        virtual_duration_ms=end_ms,
+    )
+
+
+# v1's load run: the gate through the real evaluator, recorded as the evaluator target.
+SCHEDULER_GATE_TARGET = LoadTarget(
+    name="evaluator",
+    window_end_ms=gate_end_ms,
+    run=_run_gate_target,
+    make_arrivals=gate_arrivals,
+)

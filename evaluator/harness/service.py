@@ -7,15 +7,15 @@ which is whatever the path that actually ran reports. A caller that plots the ru
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from evaluator.harness.arrivals import Arrival, ArrivalModel, generate_arrivals
-from evaluator.harness.controller_target import CONTROLLER_TARGET
 from evaluator.harness.errors import UnknownTargetError
-from evaluator.harness.evaluator_target import EVALUATOR_TARGET
 from evaluator.harness.manifests import LoadManifest, load_manifest
 from evaluator.harness.records import build_record
 from evaluator.harness.resources import HeapSampler, cpu_time_of, resources
@@ -24,28 +24,74 @@ from evaluator.harness.target import LoadTarget, Progress, TargetRun
 __all__ = [
     "LOAD_TARGETS",
     "KeepTimeline",
+    "declares_lanes",
     "evidence_path",
     "measure",
     "run_load",
     "run_manifest",
     "run_target",
+    "target_refusal",
     "write_record",
 ]
 
 # Receives a run's timeline (evaluator/harness/timeline.py), kept beside its record.
 KeepTimeline = Callable[[Mapping[str, Any]], None]
 
-LOAD_TARGETS: Mapping[str, LoadTarget] = {
-    target.name: target for target in (CONTROLLER_TARGET, EVALUATOR_TARGET)
+# name -> (module, attribute): a target is imported when it is asked for, so a run of one path
+# does not pay for importing the other (the evaluator path brings the whole engine).
+_TARGET_HOMES = {
+    "admission-controller": ("evaluator.harness.controller_target", "CONTROLLER_TARGET"),
+    "evaluator": ("evaluator.harness.evaluator_target", "EVALUATOR_TARGET"),
 }
 
 
-def _target(name: str) -> LoadTarget:
-    target = LOAD_TARGETS.get(name)
-    if target is None:
+class _Targets(Mapping[str, LoadTarget]):
+    """The load targets by name, each imported on first use."""
+
+    def __getitem__(self, name: str) -> LoadTarget:
+        module, attribute = _TARGET_HOMES[name]
+        target: LoadTarget = getattr(importlib.import_module(module), attribute)
+        return target
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_TARGET_HOMES)
+
+    def __len__(self) -> int:
+        return len(_TARGET_HOMES)
+
+
+LOAD_TARGETS: Mapping[str, LoadTarget] = _Targets()
+
+
+def _target(name: str, manifest: LoadManifest | None = None) -> LoadTarget:
+    if name not in _TARGET_HOMES:
         known = ", ".join(sorted(LOAD_TARGETS))
         raise UnknownTargetError(f"unknown load target {name!r} (known: {known})")
-    return target
+    if manifest is not None and not declares_lanes(manifest):
+        # v1 declares no principals or providers: its load run is the bounded-scheduler gate.
+        refusal = target_refusal(manifest, name)
+        if refusal is not None:
+            raise UnknownTargetError(refusal)
+        from evaluator.harness.scheduler_gate import SCHEDULER_GATE_TARGET
+
+        return SCHEDULER_GATE_TARGET
+    return LOAD_TARGETS[name]
+
+
+def declares_lanes(manifest: LoadManifest) -> bool:
+    """Whether the manifest names principals and providers to draw arrivals for (v2 does)."""
+    return "principals" in manifest.document and "providers" in manifest.document
+
+
+def target_refusal(manifest: LoadManifest, target: str) -> str | None:
+    """Why ``target`` cannot run ``manifest`` (a message naming what can), or None when it can."""
+    if not declares_lanes(manifest) and target != "evaluator":
+        return (
+            f"manifest {manifest.schema} {manifest.version} declares no principals or providers "
+            f"for the {target} path; it runs as the bounded-scheduler gate (CNC-SCHED-005) "
+            "through the evaluator: use target 'evaluator'"
+        )
+    return None
 
 
 def measure(
@@ -84,11 +130,12 @@ def run_target(
 ) -> dict[str, Any]:
     """Release ``manifest``'s arrivals over ``runner``'s window; returns the record, whose mode
     is the one the runner reports."""
-    model = ArrivalModel.from_manifest(manifest)
     end_ms = runner.window_end_ms(manifest)
-    timed, used = measure(
-        runner, manifest, lambda: generate_arrivals(model, end_ms), progress, keep_timeline
-    )
+    if runner.make_arrivals is not None:
+        make = partial(runner.make_arrivals, manifest, end_ms)
+    else:
+        make = partial(generate_arrivals, ArrivalModel.from_manifest(manifest), end_ms)
+    timed, used = measure(runner, manifest, make, progress, keep_timeline)
     return build_record(
         manifest=manifest,
         mode=timed.mode,
@@ -106,7 +153,7 @@ def run_manifest(
     keep_timeline: KeepTimeline | None = None,
 ) -> dict[str, Any]:
     """Run an already loaded (hence registered) manifest; returns the digest-bound record."""
-    return run_target(manifest, _target(target), progress, keep_timeline)
+    return run_target(manifest, _target(target, manifest), progress, keep_timeline)
 
 
 def run_load(

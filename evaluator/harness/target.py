@@ -32,12 +32,14 @@ class LoadTarget:
     """A path through the system that a manifest's arrivals can be released into.
 
     ``window_end_ms`` says how much of the timeline the path takes; ``run`` releases those
-    arrivals on virtual time and reports what it observed.
+    arrivals on virtual time and reports what it observed. ``make_arrivals`` makes them when
+    the path does not take them from the manifest's own arrival model.
     """
 
     name: str
     window_end_ms: Callable[[LoadManifest], float]
     run: Callable[[LoadManifest, Iterable[Arrival], Progress | None], TargetRun]
+    make_arrivals: Callable[[LoadManifest, float], list[Arrival]] | None = None
 
 
 def window(end_ms: float) -> dict[str, Any]:

@@ -6,7 +6,6 @@ names; it is never stored on the adapter, written to a repr or logged.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -172,8 +171,6 @@ class OpenAIChatAdapter:
             raise AdapterError.uncertain(
                 provider_failure=True, detail=type(error).__name__
             ) from None
-        except asyncio.CancelledError:
-            raise
         logger.debug("chat completion %s for decision %s", response.status_code, call.decision_id)
         return self._interpret(response)
 

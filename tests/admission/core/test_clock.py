@@ -1,4 +1,5 @@
 import asyncio
+import collections
 import math
 import random
 import socket
@@ -338,5 +339,31 @@ def test_nan_deadline_is_refused():
     try:
         with pytest.raises(ValueError):
             loop.call_at(math.nan, lambda: None)
+    finally:
+        loop.close()
+
+
+def test_the_asyncio_internals_virtual_time_relies_on():
+    # VirtualTimeLoop is the one place the core goes below asyncio's public API: it swaps the
+    # selector, keeps its own timer heap and reads the ready queue. If a Python upgrade moves any
+    # of these, this test names it, rather than a load result quietly changing.
+    import inspect
+    from asyncio import base_events, events
+
+    run_once = inspect.getsource(base_events.BaseEventLoop._run_once)
+    assert "self._selector.select(timeout)" in run_once  # idle time is asked of the selector
+    assert "self._ready" in run_once and "self._scheduled" in run_once
+    cancel = inspect.getsource(events.TimerHandle.cancel)
+    assert "_timer_handle_cancelled" in cancel  # a cancelled timer is reported to its loop
+    loop = VirtualTimeLoop()
+    try:
+        assert isinstance(loop._ready, collections.deque) and loop._stopping is False
+        assert loop._scheduled == []  # asyncio's own heap stays empty: timers live in _timers
+        handle = loop.call_later(1.0, lambda: None)
+        assert handle._scheduled is True and handle._cancelled is False
+        handle.cancel()
+        assert handle._cancelled is True and loop._timers_cancelled == 1
+        for name in ("_check_closed", "_check_thread", "_check_callback"):
+            assert callable(getattr(loop, name))
     finally:
         loop.close()

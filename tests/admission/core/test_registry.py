@@ -145,7 +145,7 @@ def test_evicted_controller_reference_keeps_working():
         lease = await old.acquire(request(budget="a"))
         lease.release()
         old.release_budget("a")
-        assert old._evicted
+        assert old.evicted
         fresh = registry.controller(WORKSPACE)
         held = await fresh.acquire(request(budget="b"))
         # The stale reference reaches the live state: alice's one permit is taken.

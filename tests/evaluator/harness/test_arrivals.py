@@ -15,8 +15,9 @@ JS_REFERENCE = {
     0xFFFFFFFF: [0.8964226141106337, 0.189478256739676, 0.7156526781618595, 0.9440599093213677],
 }
 
-# The v2 timeline rendered by an independent JavaScript implementation of SPEC §7, one line per
-# arrival: atMs,principal,provider,tokens,serviceMs,failsFirstAttempt,cancelAtMs (empty if none).
+# The v2 timeline rendered by an independent JavaScript implementation of the arrival model, one
+# line per arrival: atMs,principal,provider,tokens,serviceMs,failsFirstAttempt,cancelAtMs (empty
+# if none).
 JS_TIMELINE_990S = (20103, "5e05a47682d9568e8ae7b0caa4b3bac9213453c8df387e6cc7aa8ac7d89e303c")
 JS_TIMELINE_90S = (2378, "9694277d45086dfca59fc1208b4e9b1ba6a828be2a42129f7dd4af547b8d6b63")
 
