@@ -1,6 +1,9 @@
 """Admin workflow for profiles: propose, decide, activate, roll back; audit rows read-only.
 
-Every write goes through `admission.services`; the admin only renders forms and reports.
+Every write goes through `admission.services`; the admin only renders forms and reports. Every
+list, page, action and form shows and offers only the workspaces the signed-in user belongs to,
+with the role the act needs (`admission.access`); workspaces and their memberships are managed
+by superusers.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any, TypeVar
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.auth.models import User
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -22,7 +25,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from admission import selectors, services
+from admission import access, selectors, services
 from admission.core import InvalidProfileError
 from admission.forms import (
     ProfileDecisionForm,
@@ -37,16 +40,14 @@ from admission.models import (
     ProfileVersion,
     RollbackRequest,
     Workspace,
+    WorkspaceMembership,
 )
 
-APPROVE_PERMISSION = "admission.approve_profileversion"
-ACTIVATE_PERMISSION = "admission.activate_profileversion"
 
-
-def _operator(request: HttpRequest) -> User:
+def _operator(request: HttpRequest) -> Any:
     """The signed-in admin user; the admin site only lets authenticated staff this far."""
     user = request.user
-    if not isinstance(user, User):
+    if not isinstance(user, get_user_model()):
         raise PermissionDenied
     return user
 
@@ -100,14 +101,47 @@ class ReadOnlyAdminMixin(NoEditAdminMixin):
         return False
 
 
-class WorkflowPermissionsMixin:
-    """The custom permissions that guard the workflow actions."""
+class WorkspaceScopedAdminMixin:
+    """Rows of the workspaces the signed-in user may view, and nothing else.
+
+    `workspace_lookup` is the path from a row to its workspace; `add_act` the act that adding a
+    row needs (None: rows are never added here). An action offered because the user may do its
+    act somewhere is still checked per row by the service it calls.
+    """
+
+    workspace_lookup = "workspace"
+    add_act: str | None = None
+
+    def scope(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
+        visible = access.workspaces_for(request.user, access.VIEW)
+        return queryset.filter(**{f"{self.workspace_lookup}__in": visible})
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return self.scope(super().get_queryset(request), request)  # type: ignore[misc]
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return _may_anywhere(request, access.VIEW)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is None:
+            return _may_anywhere(request, access.VIEW)
+        return self.get_queryset(request).filter(pk=obj.pk).exists()
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.add_act is not None and _may_anywhere(request, self.add_act)
 
     def has_approve_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(APPROVE_PERMISSION)
+        return _may_anywhere(request, access.APPROVE)
 
     def has_activate_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(ACTIVATE_PERMISSION)
+        return _may_anywhere(request, access.ACTIVATE)
+
+
+def _may_anywhere(request: HttpRequest, act: str) -> bool:
+    return access.workspaces_for(request.user, act).exists()
+
+
+WORKSPACE_FILTER = ("workspace", admin.RelatedOnlyFieldListFilter)
 
 
 def _run_per_object(
@@ -122,6 +156,8 @@ def _run_per_object(
             done = operation(obj)
         except (services.ProfileServiceError, InvalidProfileError) as error:
             model_admin.message_user(request, f"{obj}: {error}", messages.ERROR)
+        except access.AccessDenied as denied:
+            model_admin.message_user(request, f"{obj}: {denied}", messages.ERROR)
         else:
             model_admin.message_user(request, done, messages.SUCCESS)
 
@@ -182,22 +218,46 @@ class ProfileApprovalInline(admin.TabularInline):
         return False
 
 
+class WorkspaceMembershipInline(admin.TabularInline):
+    model = WorkspaceMembership
+    extra = 0
+    fields = ("user", "role")
+    autocomplete_fields = ("user",)
+    verbose_name = "member"
+    verbose_name_plural = "members and their roles (admission.access)"
+
+
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):
+    """Workspaces and who holds which role in them: superusers only, recorded in the admin's
+    change log."""
+
     list_display = ("key", "name", "created_at")
     search_fields = ("key", "name")
-    filter_horizontal = ("members",)
+    inlines = (WorkspaceMembershipInline,)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         # The key is the core's workspace_id; renaming it would orphan the ledger's identity.
         return ("key", "created_at") if obj is not None else ("created_at",)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_active and request.user.is_superuser)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_module_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self.has_module_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_module_permission(request)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
 @admin.register(ProfileVersion)
-class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.ModelAdmin):
+class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.ModelAdmin):
     list_display = (
         "profile_version",
         "workspace",
@@ -206,7 +266,7 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.Mode
         "created_at",
         "short_profile_digest",
     )
-    list_filter = ("workspace", "created_at")
+    list_filter = (WORKSPACE_FILTER, "created_at")
     search_fields = ("profile_version", "workspace__key")
     readonly_fields = (
         "workspace",
@@ -222,9 +282,10 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.Mode
     fields = readonly_fields
     inlines = (ProfileApprovalInline,)
     actions = ("approve_selected", "reject_selected", "activate_selected", "request_rollback")
+    add_act = access.PROPOSE
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProfileVersion]:
-        return selectors.profile_version_queryset()
+        return self.scope(selectors.profile_version_queryset(), request)
 
     @admin.display(description="status")
     def status(self, obj: ProfileVersion) -> str:
@@ -363,7 +424,7 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.Mode
 
 
 @admin.register(RollbackRequest)
-class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class RollbackRequestAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "workspace",
         "target",
@@ -373,7 +434,7 @@ class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.M
         "created_at",
         "decided_at",
     )
-    list_filter = ("status", "workspace")
+    list_filter = ("status", WORKSPACE_FILTER)
     list_select_related = ("workspace", "target__workspace", "requested_by", "decided_by")
     readonly_fields = (
         "workspace",
@@ -432,9 +493,15 @@ class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.M
 
 
 @admin.register(ProfileApproval)
-class ProfileApprovalAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ProfileApprovalAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    workspace_lookup = "version__workspace"
     list_display = ("version", "decision", "approver", "proposed_by", "runbook", "decided_at")
-    list_filter = ("decision", "runbook", "version__workspace", "decided_at")
+    list_filter = (
+        "decision",
+        "runbook",
+        ("version__workspace", admin.RelatedOnlyFieldListFilter),
+        "decided_at",
+    )
     list_select_related = ("version__workspace", "approver", "proposed_by")
     search_fields = ("version__profile_version", "version__workspace__key")
     readonly_fields = (
@@ -451,7 +518,7 @@ class ProfileApprovalAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(ProfileChangeRecord)
-class ProfileChangeRecordAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "at",
         "workspace",
@@ -462,7 +529,7 @@ class ProfileChangeRecordAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "actor",
         "approval",
     )
-    list_filter = ("kind", "workspace", "at")
+    list_filter = ("kind", WORKSPACE_FILTER, "at")
     list_select_related = (
         "workspace",
         "actor",

@@ -2,11 +2,20 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from config.api_tokens import TokenIssueView
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("runbooks/", include("admission.urls")),
     path("api/", include("admission.api.urls")),
     path("api/", include("evaluator.api.urls")),
+    path("api/auth/token/", TokenIssueView.as_view(), name="api-token"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
+
+# Under /api/ these answer the API's typed JSON error; elsewhere Django's plain pages.
+handler400 = "config.api_errors.bad_request"
+handler403 = "config.api_errors.permission_denied"
+handler404 = "config.api_errors.page_not_found"
+handler500 = "config.api_errors.server_error"

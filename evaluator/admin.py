@@ -1,5 +1,6 @@
 """Admin for evaluation runs, load runs and receipts: start runs through the services, read
-everything else. Run rows change only through their worker, so nothing here edits them."""
+everything else. Run rows change only through their worker, so nothing here edits them.
+Every list, page and form is limited to the user's workspaces (`admission.access`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from admission.admin import NoEditAdminMixin, ReadOnlyAdminMixin
+from admission import access
+from admission.admin import (
+    WORKSPACE_FILTER,
+    NoEditAdminMixin,
+    ReadOnlyAdminMixin,
+    WorkspaceScopedAdminMixin,
+)
 from evaluator import services
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
 from evaluator.models import EvaluationRun, LoadRun, Receipt
@@ -74,7 +81,7 @@ class RunAdminMixin(NoEditAdminMixin):
 
 
 @admin.register(EvaluationRun)
-class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
+class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
     list_display = (
         "short_id",
         "workspace",
@@ -87,7 +94,7 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
         "created_at",
         "duration",
     )
-    list_filter = ("status", "workspace", "created_at")
+    list_filter = ("status", WORKSPACE_FILTER, "created_at")
     list_select_related = ("workspace",)
     search_fields = ("=id", "invocation_id", "ruleset_id", "principal_id")
     readonly_fields = (
@@ -114,9 +121,7 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
         "request_pretty",
     )
     fields = readonly_fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("evaluator.add_evaluationrun")
+    add_act = access.EVALUATE
 
     @admin.display(description="run")
     def short_id(self, obj: EvaluationRun) -> str:
@@ -207,7 +212,7 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(LoadRun)
-class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
+class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
     list_display = (
         "manifest_name",
         "target",
@@ -241,9 +246,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
     )
     fields = readonly_fields
     actions = ("run_again",)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.is_staff and request.user.has_perm(services.LOAD_RUN_PERMISSION))
+    add_act = access.RUN_LOAD
 
     @admin.display(description="decision-load-result/v1")
     def record_pretty(self, obj: LoadRun) -> SafeString:
@@ -267,7 +270,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
         if not self.has_add_permission(request):
             raise PermissionDenied
         if request.method == "POST":
-            form = LoadRunStartForm(request.POST)
+            form = LoadRunStartForm(request.POST, user=request.user)
             if form.is_valid():
                 try:
                     run = services.load_run_submit(
@@ -286,7 +289,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
                         reverse("admin:evaluator_loadrun_change", args=[run.pk])
                     )
         else:
-            form = LoadRunStartForm()
+            form = LoadRunStartForm(user=request.user)
         return _run_form_page(
             self,
             request,
@@ -311,7 +314,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Receipt)
-class ReceiptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "invocation_id",
         "workspace_id",
@@ -337,6 +340,11 @@ class ReceiptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "document_pretty",
     )
     fields = readonly_fields
+
+    def scope(self, queryset: QuerySet[Receipt], request: HttpRequest) -> QuerySet[Receipt]:
+        # Receipts name their workspace by key, as the engine does.
+        visible = access.workspaces_for(request.user, access.VIEW).values("key")
+        return queryset.filter(workspace_id__in=visible)
 
     @admin.display(description="receipt v2")
     def document_pretty(self, obj: Receipt) -> SafeString:
