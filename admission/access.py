@@ -95,9 +95,7 @@ def workspaces_for(user: Any, act: str) -> QuerySet[Workspace]:
     if not _acting(user):
         return Workspace.objects.none()
     return Workspace.objects.filter(
-        pk__in=WorkspaceMembership.objects.filter(user=user, role__in=roles).values(
-            "workspace_id"
-        )
+        pk__in=WorkspaceMembership.objects.filter(user=user, role__in=roles).values("workspace_id")
     )
 
 

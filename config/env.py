@@ -112,7 +112,10 @@ def cache_from_url(url: str, *, key_prefix: str) -> dict[str, object]:
             "KEY_PREFIX": key_prefix,
         }
     if scheme == "locmem":
-        return {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "KEY_PREFIX": key_prefix}
+        return {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "KEY_PREFIX": key_prefix,
+        }
     raise SettingsError(f"SLUICE_CACHE_URL scheme {scheme!r} is not supported (redis or locmem)")
 
 

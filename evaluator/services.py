@@ -163,7 +163,7 @@ def _parse_request(
             field = "principal"
         raise InvalidRunRequest(error.problem, field=field or "non_field_errors") from None
     try:
-        known = adapter_ids()
+        known = adapter_ids(workspace.key)
     except AdapterConfigError as error:
         raise InvalidRunRequest(str(error), field="ruleset") from None
     unknown = request.ruleset.unknown_adapter_field(known)
@@ -226,7 +226,7 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
             principal_id=run.principal_id,
             workspace_id=run.workspace.key,
         )
-        adapters = build_adapters()
+        adapters = build_adapters(run.workspace.key)
     except InvalidDefinitionError as error:
         return _fail(run, "invalid-definition", error.problem, field=error.field)
     except AdapterConfigError as error:

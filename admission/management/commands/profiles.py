@@ -247,7 +247,9 @@ def _authenticated(username: str) -> Any:
     if user is None or user.get_username() != username:
         user = _by_password(username, password) if password else None
     if user is None:
-        raise CommandError(f"could not verify that you are {username}: wrong or expired credentials")
+        raise CommandError(
+            f"could not verify that you are {username}: wrong or expired credentials"
+        )
     return user
 
 
