@@ -7,6 +7,7 @@ from collections.abc import Generator
 from typing import Any
 
 import pytest
+from django.core.cache import cache
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -26,3 +27,9 @@ def _in_process_admission(settings: Any) -> None:
     # coordination and the service tests, which run real deployments): a test's workspaces
     # must not meet another test's in a shared Redis.
     settings.SLUICE_ADMISSION_REDIS_URL = ""
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counters() -> None:
+    # API throttles count in the cache; every test starts with a full budget.
+    cache.clear()
