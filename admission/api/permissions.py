@@ -15,13 +15,16 @@ class WorkspaceActPermission(BasePermission):
 
     Views expose `get_workspace()`, which raises NotFound for a workspace the caller cannot
     see, so nobody learns whether a workspace they do not belong to exists; reads need the
-    view's `read_act` and other methods its `write_act`.
+    view's `read_act` and other methods its `write_act` (None: the view does not write).
     """
 
     def has_permission(self, request: Request, view: Any) -> bool:
         workspace = view.get_workspace()
         act = view.read_act if request.method in SAFE_METHODS else view.write_act
-        if act is None or not access.can(request.user, act, workspace):
-            self.message = str(access.AccessDenied(act or access.VIEW, workspace))
+        if act is None:
+            # The view has no handler for this method: it answers 405, not a refusal.
+            return True
+        if not access.can(request.user, act, workspace):
+            self.message = str(access.AccessDenied(act, workspace))
             return False
         return True
