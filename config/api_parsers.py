@@ -8,7 +8,7 @@ from typing import IO, Any
 from django.conf import settings
 from rest_framework import status
 from rest_framework.exceptions import APIException, ParseError, ValidationError
-from rest_framework.parsers import JSONParser, get_encoding
+from rest_framework.parsers import JSONParser
 
 from config.untrusted_json import UntrustedJSONError, load_untrusted_json
 
@@ -42,11 +42,15 @@ class BoundedJSONParser(JSONParser):
         raw = stream.read(limit + 1)
         if len(raw) > limit:
             raise request_too_large()
-        encoding = get_encoding(parser_context or {})
+        encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
         try:
+            # str.encode refuses codecs that are not text encodings (bz2_codec and the like).
+            "".encode(encoding)
             text = raw.decode(encoding)
-        except UnicodeDecodeError as error:
-            raise ParseError(f"The body is not {encoding} (byte {error.start}).") from None
+        except LookupError:
+            raise ParseError(f"Unsupported charset {encoding!r}.") from None
+        except UnicodeError:
+            raise ParseError(f"The body is not valid {encoding}.") from None
         try:
             return load_untrusted_json(text, max_depth=settings.SLUICE_MAX_JSON_DEPTH)
         except UntrustedJSONError as error:

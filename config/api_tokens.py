@@ -25,7 +25,6 @@ from admission.api.serializers import ErrorSerializer
         ),
         401: OpenApiResponse(ErrorSerializer, description="Missing or wrong credentials."),
     },
-    auth=[{"basicAuth": []}],
 )
 class TokenIssueView(LoginView):
     """Issue an API token to the caller, who proves who they are with HTTP Basic."""

@@ -49,5 +49,5 @@ class RedactingReporterFilter(SafeExceptionReporterFilter):
 
     def get_traceback_frame_variables(
         self, request: HttpRequest | None, tb_frame: FrameType
-    ) -> list[tuple[str, Any]]:
+    ) -> Any:
         return [(name, self.cleansed_substitute) for name in tb_frame.f_locals]

@@ -51,6 +51,8 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
             SLUICE_VAR_DIR=str(Path(tmp) / "var"),
             SLUICE_CELERY_QUEUE="sluice-tour",
             DJANGO_SETTINGS_MODULE="config.settings",
+            # Plain HTTP on loopback, as `make run` allows itself.
+            DJANGO_HTTPS="0",
         )
         python = sys.executable
         setup = subprocess.run(
@@ -66,7 +68,7 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
         log = (Path(tmp) / "processes.log").open("wb")
         children = [
             subprocess.Popen(
-                [python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+                [python, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload", "--insecure"],
                 cwd=ROOT,
                 env=env,
                 stdout=log,

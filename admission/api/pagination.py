@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import Model, QuerySet
+from django.db.models import Field, Model
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.request import Request
@@ -20,9 +20,7 @@ class CheckedCursorPagination(CursorPagination):
     max_page_size = 500
     _model: type[Model] | None = None
 
-    def paginate_queryset(
-        self, queryset: QuerySet[Any], request: Request, view: Any = None
-    ) -> list[Any] | None:
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
         self._model = queryset.model
         return super().paginate_queryset(queryset, request, view)
 
@@ -31,10 +29,11 @@ class CheckedCursorPagination(CursorPagination):
         if cursor is None or cursor.position is None or self._model is None:
             return cursor
         field = self._model._meta.get_field(str(self.ordering[0]).lstrip("-"))
+        position = str(cursor.position)
         try:
-            if "\x00" in cursor.position:
-                raise ValidationError("NUL")
-            field.to_python(cursor.position)
+            if "\x00" in position or not isinstance(field, Field):
+                raise ValidationError("not a value of the ordering field")
+            field.to_python(position)
         except (ValidationError, ValueError, TypeError, OverflowError):
             raise NotFound(self.invalid_cursor_message) from None
         return cursor

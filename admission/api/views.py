@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
@@ -29,6 +30,9 @@ from admission.api.serializers import (
 from admission.core import InvalidProfileError
 from admission.core.labels import label_problem
 from admission.models import ProfileChangeRecord, ProfileVersion, Workspace
+
+if TYPE_CHECKING:
+    from rest_framework.permissions import _PermissionClass
 
 WORKSPACE_KEY = OpenApiParameter(
     "workspace_key",
@@ -80,7 +84,7 @@ class WorkspaceScopedMixin:
 
     request: Any
     kwargs: dict[str, Any]
-    permission_classes = [IsAuthenticated, WorkspaceActPermission]
+    permission_classes: Sequence[_PermissionClass] = [IsAuthenticated, WorkspaceActPermission]
     read_act: str | None = access.VIEW
     write_act: str | None = None
     starts_runs = False

@@ -89,9 +89,7 @@ def test_postgres_trigger_refuses_raw_update_and_delete(ledger, table, assignmen
         "DELETE FROM admission_rollbackrequest",
     ],
 )
-def test_postgres_trigger_keeps_decided_rollback_requests_append_only(
-    ledger, approver, statement
-):
+def test_postgres_trigger_keeps_decided_rollback_requests_append_only(ledger, approver, statement):
     services.rollback_request_reject(request=ledger["request"], approver=approver, comment="no")
     with (
         pytest.raises(DatabaseError, match="admission: "),
