@@ -7,7 +7,8 @@ from collections.abc import Generator
 from typing import Any
 
 import pytest
-from django.core.cache import cache
+from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -31,5 +32,7 @@ def _in_process_admission(settings: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_throttle_counters() -> None:
-    # API throttles count in the cache; every test starts with a full budget.
-    cache.clear()
+    # API throttles count in the cache; every test starts with a full budget. Only a
+    # process-local cache is cleared: clearing a Redis cache would flush a shared database.
+    if isinstance(caches["default"], LocMemCache):
+        caches["default"].clear()

@@ -93,8 +93,9 @@ def test_unknown_acts_are_a_programming_error(make_user, workspace):
 
 @pytest.fixture
 def globex(make_user, make_document) -> dict[str, Any]:
-    """Workspace B with everything the admin shows: an active version with its approval and
-    change record, a pending rollback request, an evaluation run, a receipt and a load run."""
+    """Workspace B with everything the admin shows: versions active, superseded, pending and
+    approved-ready, their approvals and change records, a pending rollback request, an
+    evaluation run, a receipt and a load run."""
     bob, cid = make_user("bob"), make_user("cid")
     workspace = Workspace.objects.create(key="globex", name="Globex Secret Project")
     workspace.members.add(bob, cid, through_defaults={"role": "operator"})
@@ -114,6 +115,10 @@ def globex(make_user, make_document) -> dict[str, Any]:
     pending = services.profile_version_propose(
         workspace=workspace, document=make_document("globex-v3", concurrency=3), proposed_by=bob
     )
+    ready = services.profile_version_propose(
+        workspace=workspace, document=make_document("globex-v4", concurrency=4), proposed_by=bob
+    )
+    services.profile_version_approve(version=ready, approver=cid, checklist=ALL_CONFIRMED)
     document = {**example_request(1), "input": {"text": SECRET_INPUT}}
     run = EvaluationRun.objects.create(
         workspace=workspace,
@@ -141,6 +146,7 @@ def globex(make_user, make_document) -> dict[str, Any]:
         "version": first,
         "approved": second,
         "pending": pending,
+        "ready": ready,
         "approval": ProfileApproval.objects.get(version=first),
         "record": ProfileChangeRecord.objects.filter(workspace=workspace).first(),
         "rollback": rollback,
@@ -165,6 +171,15 @@ def _admin(user: Any) -> Client:
     client = Client()
     client.force_login(user)
     return client
+
+
+CHECKS = {f"check_{key}": "on" for key in ALL_CONFIRMED}
+
+
+def _act(client: Client, model: str, action: str, row: Any, **extra: str) -> Any:
+    """Run an admin action on one row, answering its confirmation page's form too."""
+    data = {"action": action, ACTION_CHECKBOX_NAME: [row.pk], "post": "yes", **extra}
+    return client.post(f"/admin/admission/{model}/", data, follow=True)
 
 
 ADMIN_PAGES = [
@@ -200,31 +215,9 @@ def test_admin_lists_show_the_users_own_workspace(ann, globex, approved, approve
 
 def test_admin_actions_cannot_reach_another_workspaces_versions(ann, globex):
     client = _admin(ann)
-    checks = {f"check_{key}": "on" for key in ALL_CONFIRMED}
-    client.post(
-        "/admin/admission/profileversion/",
-        {
-            "action": "approve_selected",
-            ACTION_CHECKBOX_NAME: [globex["pending"].pk],
-            "post": "yes",
-            **checks,
-        },
-        follow=True,
-    )
-    client.post(
-        "/admin/admission/profileversion/",
-        {"action": "activate_selected", ACTION_CHECKBOX_NAME: [globex["version"].pk]},
-        follow=True,
-    )
-    client.post(
-        "/admin/admission/rollbackrequest/",
-        {
-            "action": "approve_rollbacks",
-            ACTION_CHECKBOX_NAME: [globex["rollback"].pk],
-            "post": "yes",
-        },
-        follow=True,
-    )
+    _act(client, "profileversion", "approve_selected", globex["pending"], **CHECKS)
+    _act(client, "profileversion", "activate_selected", globex["ready"])
+    _act(client, "rollbackrequest", "approve_rollbacks", globex["rollback"])
     assert not ProfileApproval.objects.filter(version=globex["pending"]).exists()
     assert not ProfileChangeRecord.objects.filter(actor=ann).exists()
     globex["rollback"].refresh_from_db()
@@ -261,10 +254,7 @@ def test_admin_offers_each_action_only_where_its_role_allows(make_user, workspac
     choices = client.get("/admin/admission/profileversion/").context["action_form"]
     offered = [name for name, _ in choices.fields["action"].choices if name]
     assert offered == ["approve_selected", "reject_selected"]
-    client.post(
-        "/admin/admission/profileversion/",
-        {"action": "activate_selected", ACTION_CHECKBOX_NAME: [version.pk]},
-    )
+    _act(client, "profileversion", "activate_selected", version)
     assert not ProfileChangeRecord.objects.exists()
 
 
@@ -272,17 +262,7 @@ def test_an_approver_of_b_cannot_act_on_b_from_a_role_in_a(ann, globex, make_use
     # ann may approve in acme and only view globex: the action is offered (acme), the row
     # is listed (globex), and the service still refuses it, reporting why.
     globex["workspace"].members.add(ann, through_defaults={"role": "viewer"})
-    checks = {f"check_{key}": "on" for key in ALL_CONFIRMED}
-    response = _admin(ann).post(
-        "/admin/admission/profileversion/",
-        {
-            "action": "approve_selected",
-            ACTION_CHECKBOX_NAME: [globex["pending"].pk],
-            "post": "yes",
-            **checks,
-        },
-        follow=True,
-    )
+    response = _act(_admin(ann), "profileversion", "approve_selected", globex["pending"], **CHECKS)
     messages = [str(m) for m in response.context["messages"]]
     assert messages == [
         "globex:globex-v3: you may not approve or reject changes in workspace globex"
@@ -307,16 +287,19 @@ def _api(user: Any) -> APIClient:
     return client
 
 
-def test_api_refuses_posting_another_workspaces_profiles_and_load_runs(ann, globex, make_document):
-    client = _api(ann)
-    profile = client.post(
-        "/api/workspaces/globex/profiles/", {"document": make_document("sneak")}, format="json"
-    )
+def _post_profile_and_load_run(client: APIClient, document: Any) -> tuple[Any, Any]:
+    profile = client.post("/api/workspaces/globex/profiles/", {"document": document}, format="json")
     load = client.post(
         "/api/workspaces/globex/load-runs/",
         {"manifest": "load-manifest.v2.json", "target": "evaluator"},
         format="json",
     )
+    return profile, load
+
+
+def test_api_refuses_posting_another_workspaces_profiles_and_load_runs(ann, globex, make_document):
+    client = _api(ann)
+    profile, load = _post_profile_and_load_run(client, make_document("sneak"))
     evaluation = client.post(
         "/api/workspaces/globex/evaluations/", example_request(1), format="json"
     )
@@ -333,14 +316,7 @@ def test_api_viewers_read_but_may_not_write(ann, globex, make_document):
     client = _api(ann)
     assert client.get("/api/workspaces/globex/profiles/").status_code == 200
     assert client.get("/api/workspaces/globex/load-runs/").status_code == 200
-    profile = client.post(
-        "/api/workspaces/globex/profiles/", {"document": make_document("sneak")}, format="json"
-    )
-    load = client.post(
-        "/api/workspaces/globex/load-runs/",
-        {"manifest": "load-manifest.v2.json", "target": "evaluator"},
-        format="json",
-    )
+    profile, load = _post_profile_and_load_run(client, make_document("sneak"))
     assert profile.status_code == load.status_code == 403
     assert profile.json()["error"]["detail"] == (
         "you may not propose profile versions in workspace globex"
@@ -349,6 +325,9 @@ def test_api_viewers_read_but_may_not_write(ann, globex, make_document):
 
 
 # ------------------------------------------------------------------ manage.py profiles
+
+
+ACTIVATE_V1_AS_ALEX = ("activate", "--workspace", "acme", "--version", "v1", "--user", "alex")
 
 
 def _profiles(*args: str, **environment: str) -> str:
@@ -361,7 +340,7 @@ def _profiles(*args: str, **environment: str) -> str:
 
 def test_shell_refuses_a_user_who_proved_nothing(workspace, approved, proposer):
     version = approved("v1")
-    args = ("activate", "--workspace", "acme", "--version", "v1", "--user", "alex")
+    args = ACTIVATE_V1_AS_ALEX
     with pytest.raises(CommandError, match="prove who alex is"):
         _profiles(*args)
     with pytest.raises(CommandError, match="could not verify that you are alex"):
@@ -376,16 +355,7 @@ def test_shell_refuses_a_user_who_proved_nothing(workspace, approved, proposer):
 def test_shell_acts_with_the_users_token(workspace, approved, approver):
     approved("v1")
     _, token = AuthToken.objects.create(user=approver)
-    out = _profiles(
-        "activate",
-        "--workspace",
-        "acme",
-        "--version",
-        "v1",
-        "--user",
-        "alex",
-        SLUICE_PROFILES_TOKEN=token,
-    )
+    out = _profiles(*ACTIVATE_V1_AS_ALEX, SLUICE_PROFILES_TOKEN=token)
     assert "Activated v1 in acme" in out
     assert ProfileChangeRecord.objects.get().actor == approver
 
