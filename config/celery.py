@@ -21,24 +21,32 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 # A queue name of its own lets several deployments (and test runs) share one Redis.
 app.conf.task_default_queue = os.environ.get("SLUICE_CELERY_QUEUE", "sluice")
 
-_transport_options: dict[str, Any] = dict(app.conf.broker_transport_options or {})
-if str(app.conf.broker_url).startswith("filesystem://"):
-    for key in ("data_folder_in", "data_folder_out", "control_folder", "processed_folder"):
-        if key in _transport_options:
-            Path(_transport_options[key]).mkdir(parents=True, exist_ok=True)
-    # The default one-second poll would put a second on every submit-to-start.
-    _transport_options.setdefault(
-        "polling_interval", float(os.environ.get("SLUICE_BROKER_POLL_SECONDS", "0.05"))
-    )
-elif str(app.conf.broker_url).startswith(("redis://", "rediss://")):
-    # An unacknowledged message goes back to the queue after this long; it must outlast the
-    # longest evaluation, or a slow run would be delivered twice (the receipt stops the second).
-    _visibility = int(os.environ.get("SLUICE_BROKER_VISIBILITY_TIMEOUT", "3600"))
-    _transport_options.setdefault("visibility_timeout", _visibility)
-    # Sweep for abandoned messages often enough that the timeout, not the sweep, decides.
-    _transport_options.setdefault("unacked_restore_interval", max(1, min(10, _visibility // 5)))
-    _transport_options.setdefault("unacked_restore_throttle", 1)
-app.conf.broker_transport_options = _transport_options
+
+@app.on_after_configure.connect
+def _broker_transport_options(sender: Celery, **_: Any) -> None:
+    # Once the settings are read, not at import: importing `config` must not need them yet
+    # (the demo launcher, `python -m config.cli`, prepares the environment first).
+    options: dict[str, Any] = dict(sender.conf.broker_transport_options or {})
+    broker_url = str(sender.conf.broker_url)
+    if broker_url.startswith("filesystem://"):
+        for key in ("data_folder_in", "data_folder_out", "control_folder", "processed_folder"):
+            if key in options:
+                Path(options[key]).mkdir(parents=True, exist_ok=True)
+        # The default one-second poll would put a second on every submit-to-start.
+        options.setdefault(
+            "polling_interval", float(os.environ.get("SLUICE_BROKER_POLL_SECONDS", "0.05"))
+        )
+    elif broker_url.startswith(("redis://", "rediss://")):
+        # An unacknowledged message goes back to the queue after this long; it must outlast the
+        # longest evaluation, or a slow run would be delivered twice (the receipt stops the
+        # second).
+        visibility = int(os.environ.get("SLUICE_BROKER_VISIBILITY_TIMEOUT", "3600"))
+        options.setdefault("visibility_timeout", visibility)
+        # Sweep for abandoned messages often enough that the timeout, not the sweep, decides.
+        options.setdefault("unacked_restore_interval", max(1, min(10, visibility // 5)))
+        options.setdefault("unacked_restore_throttle", 1)
+    sender.conf.broker_transport_options = options
+
 
 app.autodiscover_tasks()
 
