@@ -201,3 +201,20 @@ def test_a_valid_evaluation_still_goes_through_the_bounded_parser(
     response = _post(operator_api, "/api/workspaces/acme/evaluations/", json.dumps(document))
     assert response.status_code == 201, response.content
     assert EvaluationRun.objects.get().document["input"]["deep"] == [[[[{"ok": 1.5}]]]]
+
+
+@pytest.mark.parametrize(
+    ("params", "status"),
+    [
+        ({"at_after": "4487-03-11T07:44:12.340294-17:24"}, 200),
+        ({"at_before": "2025-01-01T00:00:00+23:59"}, 200),
+        ({"at_after": "9999-12-31T23:59:59-23:00"}, 400),
+        ({"at_after": "0001-01-01T00:00:00+01:00"}, 400),
+    ],
+)
+def test_time_bounds_with_offsets_postgresql_cannot_hold_are_answered(operator_api, params, status):
+    # Found by the schemathesis run: an offset beyond ±15:59 used to reach the database.
+    response = operator_api.get("/api/workspaces/acme/profile-history/", params)
+    assert response.status_code == status, response.content
+    if status == 400:
+        assert "at" in response.json()["error"]["fields"]
