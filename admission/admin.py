@@ -1,25 +1,29 @@
 """Admin workflow for profiles: propose, decide, activate, roll back; audit rows read-only.
 
-Every write goes through `admission.services`; the admin only renders forms and reports. Every
-list, page, action and form shows and offers only the workspaces the signed-in user belongs to,
-with the role the act needs (`admission.access`); workspaces and their memberships are managed
-by superusers.
+Every write goes through `admission.services` (what-if runs through `evaluator.services`); the
+admin only renders forms and reports. Every list, page, action and form shows and offers only the
+workspaces the signed-in user belongs to, with the role the act needs (`admission.access`);
+workspaces and their memberships are managed by superusers.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -31,6 +35,9 @@ from admission.forms import (
     ProfileDecisionForm,
     ProfileProposeForm,
     RollbackDecisionForm,
+    RollbackRequestForm,
+    WhatIfForm,
+    initial_proposal,
     runbook_url,
 )
 from admission.models import (
@@ -42,6 +49,10 @@ from admission.models import (
     Workspace,
     WorkspaceMembership,
 )
+from admission.profile_diff import LimitRow, limits_diff
+from evaluator import selectors as evaluator_selectors
+from evaluator.models import LoadRun
+from evaluator.services import RunServiceError, load_run_submit
 
 
 def _operator(request: HttpRequest) -> Any:
@@ -136,6 +147,10 @@ class WorkspaceScopedAdminMixin:
     def has_activate_permission(self, request: HttpRequest) -> bool:
         return _may_anywhere(request, access.ACTIVATE)
 
+    def has_what_if_permission(self, request: HttpRequest) -> bool:
+        # A what-if run is a load run: the act that starts one starts the other.
+        return _may_anywhere(request, access.RUN_LOAD)
+
 
 def _may_anywhere(request: HttpRequest, act: str) -> bool:
     return access.workspaces_for(request.user, act).exists()
@@ -154,15 +169,59 @@ def _run_per_object(
     for obj in objects:
         try:
             done = operation(obj)
-        except (services.ProfileServiceError, InvalidProfileError) as error:
-            model_admin.message_user(request, f"{obj}: {error}", messages.ERROR)
-        except access.AccessDenied as denied:
-            model_admin.message_user(request, f"{obj}: {denied}", messages.ERROR)
+        except (
+            services.ProfileServiceError,
+            InvalidProfileError,
+            RunServiceError,
+            access.AccessDenied,
+        ) as error:
+            message = str(error)
+            if isinstance(error, RunServiceError) and error.field:
+                message = f"{error.field}: {message}"
+            # Most refusals name the object already; say which one only when they do not.
+            if str(obj) not in message:
+                message = f"{obj}: {message}"
+            model_admin.message_user(request, message, messages.ERROR)
         else:
             model_admin.message_user(request, done, messages.SUCCESS)
 
 
 DecisionFormT = TypeVar("DecisionFormT", ProfileDecisionForm, RollbackDecisionForm)
+FormT = TypeVar("FormT", bound=forms.Form)
+
+
+def _form_action(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    *,
+    make_form: Callable[[Any], FormT],
+    perform: Callable[[FormT, Any], str],
+    title: str,
+    action: str,
+    template: str = "admin/admission/action_form.html",
+    extra: dict[str, Any] | None = None,
+) -> TemplateResponse | None:
+    """An admin action that asks for a form first: the form page until it validates, then
+    `perform` on each object; None sends the admin back to the changelist and its messages."""
+    if "post" in request.POST:
+        form = make_form(request.POST)
+        if form.is_valid():
+            _run_per_object(model_admin, request, queryset, partial(perform, form))
+            return None
+    else:
+        form = make_form(None)
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": title,
+        "form": form,
+        "action": action,
+        "objects": list(queryset),
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        **(extra or {}),
+    }
+    return TemplateResponse(request, template, context)
 
 
 def _decision_action(
@@ -175,29 +234,66 @@ def _decision_action(
     decide: Callable[[DecisionFormT, Any], str],
     title: str,
     action: str,
+    extra: dict[str, Any] | None = None,
 ) -> TemplateResponse | None:
-    """An approve/reject action: the checklist form page until it validates, then `decide` on
-    each object; None sends the admin back to the changelist, where the messages show."""
-    if "post" in request.POST:
-        form = form_class(request.POST, decision=decision)
-        if form.is_valid():
-            _run_per_object(model_admin, request, queryset, partial(decide, form))
-            return None
-    else:
-        form = form_class(decision=decision)
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.opts,
-        "title": title,
-        "form": form,
-        "decision": form.decision,
-        "action": action,
-        "objects": list(queryset),
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-        "runbook_url": runbook_url(),
-        "runbook_id": RUNBOOK_ID,
-    }
-    return TemplateResponse(request, "admin/admission/decide.html", context)
+    """An approve/reject action: the runbook checklist page, then `decide` on each object."""
+    return _form_action(
+        model_admin,
+        request,
+        queryset,
+        make_form=lambda data: form_class(data, decision=decision),
+        perform=decide,
+        title=title,
+        action=action,
+        template="admin/admission/decide.html",
+        extra={
+            "decision": decision,
+            "runbook_url": runbook_url(),
+            "runbook_id": RUNBOOK_ID,
+            "form_id": "decision_form",
+            "submit_id": "decision-submit",
+            "submit_label": decision.capitalize(),
+            **(extra or {}),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class VersionReview:
+    """What an approver reads about one version: its limits against the current version and
+    its what-if runs."""
+
+    version: ProfileVersion
+    base: ProfileVersion | None
+    limits: list[LimitRow]
+    what_if_runs: list[LoadRun]
+
+    @property
+    def zero_limits(self) -> list[LimitRow]:
+        return [row for row in self.limits if row.warning]
+
+
+def version_review(version: ProfileVersion) -> VersionReview:
+    base = selectors.profile_version_diff_base(version=version)
+    return VersionReview(
+        version=version,
+        base=base,
+        limits=limits_diff(base.document if base is not None else None, version.document),
+        what_if_runs=list(evaluator_selectors.what_if_run_list(version=version)[:3]),
+    )
+
+
+def limits_table_html(base: ProfileVersion | None, rows: list[LimitRow]) -> SafeString:
+    return render_to_string(
+        "admin/admission/includes/limits_diff.html",
+        {"base": base, "rows": rows},
+    )
+
+
+def what_if_html(version: ProfileVersion, runs: list[LoadRun]) -> SafeString:
+    return render_to_string(
+        "admin/admission/includes/what_if_runs.html", {"version": version, "runs": runs}
+    )
 
 
 class ProfileApprovalInline(admin.TabularInline):
@@ -232,13 +328,18 @@ class WorkspaceAdmin(admin.ModelAdmin):
     """Workspaces and who holds which role in them: superusers only, recorded in the admin's
     change log."""
 
-    list_display = ("key", "name", "created_at")
+    list_display = ("key", "name", "current_profile", "created_at")
     search_fields = ("key", "name")
     inlines = (WorkspaceMembershipInline,)
 
+    class Media:
+        css = {"all": ("admission/review.css",)}
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         # The key is the core's workspace_id; renaming it would orphan the ledger's identity.
-        return ("key", "created_at") if obj is not None else ("created_at",)
+        if obj is None:
+            return ("created_at",)
+        return ("key", "created_at", "current_profile", "current_profile_document")
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_active and request.user.is_superuser)
@@ -254,6 +355,36 @@ class WorkspaceAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description="current profile")
+    def current_profile(self, obj: Workspace) -> SafeString | str:
+        # One query per row: a deployment has a handful of workspaces.
+        version = selectors.workspace_current_version(workspace=obj)
+        if version is None:
+            return "none active"
+        return format_html(
+            '<a href="{}">{}</a> <code title="{}">{}…</code>',
+            reverse("admin:admission_profileversion_change", args=[version.pk]),
+            version.profile_version,
+            version.profile_digest,
+            version.profile_digest[7:19],
+        )
+
+    @admin.display(description="current profile document")
+    def current_profile_document(self, obj: Workspace) -> SafeString:
+        current = selectors.workspace_current_version(workspace=obj)
+        propose = reverse("admin:admission_profileversion_add") + f"?workspace={obj.pk}"
+        if current is None:
+            return format_html(
+                'No profile is active. <a href="{}">Propose the first one</a>.', propose
+            )
+        return format_html(
+            '<pre class="profile-json">{}</pre><a href="{}" class="button">Propose a change '
+            "starting from {}</a>",
+            _pretty(current.document),
+            propose,
+            current.profile_version,
+        )
 
 
 @admin.register(ProfileVersion)
@@ -276,13 +407,24 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         "created_at",
         "digest",
         "profile_digest",
-        "document_pretty",
+        "limits_table",
+        "what_if_records",
         "diff_to_current",
+        "document_pretty",
     )
     fields = readonly_fields
     inlines = (ProfileApprovalInline,)
-    actions = ("approve_selected", "reject_selected", "activate_selected", "request_rollback")
+    actions = (
+        "approve_selected",
+        "reject_selected",
+        "activate_selected",
+        "request_rollback",
+        "run_what_if",
+    )
     add_act = access.PROPOSE
+
+    class Media:
+        css = {"all": ("admission/review.css",)}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProfileVersion]:
         return self.scope(selectors.profile_version_queryset(), request)
@@ -299,12 +441,23 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
     def document_pretty(self, obj: ProfileVersion) -> SafeString:
         return format_html('<pre class="profile-json">{}</pre>', _pretty(obj.document))
 
-    @admin.display(description="diff against the current version")
+    @admin.display(description="document diff against the current version")
     def diff_to_current(self, obj: ProfileVersion) -> SafeString | str:
         if obj.pk == getattr(obj, "current_version_id", None):
             return "This is the current version."
         base = selectors.workspace_current_version(workspace=obj.workspace)
         return profile_diff_html(base, obj.document, obj.profile_version)
+
+    @admin.display(description="limits against the current version")
+    def limits_table(self, obj: ProfileVersion) -> SafeString | str:
+        if obj.pk == getattr(obj, "current_version_id", None):
+            return "This is the current version."
+        review = version_review(obj)
+        return limits_table_html(review.base, review.limits)
+
+    @admin.display(description="what-if qualification")
+    def what_if_records(self, obj: ProfileVersion) -> SafeString:
+        return what_if_html(obj, list(evaluator_selectors.what_if_run_list(version=obj)[:5]))
 
     def add_view(
         self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
@@ -312,7 +465,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         """Propose a version: a JSON editor, a diff preview, and the propose service."""
         if not self.has_add_permission(request):
             raise PermissionDenied
-        diff = None
+        diff = limits = None
         if request.method == "POST":
             form = ProfileProposeForm(request.POST, user=request.user)
             if form.is_valid():
@@ -321,6 +474,9 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
                 if "_preview" in request.POST:
                     current = selectors.workspace_current_version(workspace=workspace)
                     diff = profile_diff_html(current, document, str(document["profileVersion"]))
+                    limits = limits_table_html(
+                        current, limits_diff(current.document if current else None, document)
+                    )
                 else:
                     try:
                         version = services.profile_version_propose(
@@ -340,13 +496,15 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
                             reverse("admin:admission_profileversion_change", args=[version.pk])
                         )
         else:
-            form = ProfileProposeForm(initial=request.GET.dict(), user=request.user)
+            form = ProfileProposeForm(user=request.user)
+            form.initial.update(initial_proposal(form, request.GET.get("workspace")))
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
             "title": "Propose a profile version",
             "form": form,
             "diff": diff,
+            "limits": limits,
             "runbook_url": runbook_url(),
             "runbook_id": RUNBOOK_ID,
             **(extra_context or {}),
@@ -376,6 +534,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
             return f"Rejected {version}."
 
         title = f"{decision.capitalize()} profile versions under {RUNBOOK_ID}"
+        reviews = [version_review(version) for version in queryset]
         return _decision_action(
             self,
             request,
@@ -385,6 +544,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
             decide=decide,
             title=title,
             action=f"{decision}_selected",
+            extra={"reviews": [(r, _review_html(r)) for r in reviews]},
         )
 
     @admin.action(
@@ -413,14 +573,74 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
     @admin.action(
         description="Request a rollback to the selected version", permissions=["activate"]
     )
-    def request_rollback(self, request: HttpRequest, queryset: QuerySet[ProfileVersion]) -> None:
-        def request_one(version: ProfileVersion) -> str:
+    def request_rollback(
+        self, request: HttpRequest, queryset: QuerySet[ProfileVersion]
+    ) -> TemplateResponse | None:
+        def request_one(form: RollbackRequestForm, version: ProfileVersion) -> str:
             services.rollback_request_create(
-                workspace=version.workspace, target=version, requested_by=_operator(request)
+                workspace=version.workspace,
+                target=version,
+                requested_by=_operator(request),
+                reason=form.cleaned_data["reason"],
             )
             return f"Requested a rollback to {version}; a second operator must approve it."
 
-        _run_per_object(self, request, queryset, request_one)
+        return _form_action(
+            self,
+            request,
+            queryset,
+            make_form=RollbackRequestForm,
+            perform=request_one,
+            title="Request a rollback",
+            action="request_rollback",
+            extra={
+                "intro": "The rollback activates the selected version again once a second "
+                "operator approves it. Say why; the reason stays on the ledger.",
+                "submit_label": "Request rollback",
+            },
+        )
+
+    @admin.action(
+        description="Run what-if qualification (offline manifest, these limits)",
+        permissions=["what_if"],
+    )
+    def run_what_if(
+        self, request: HttpRequest, queryset: QuerySet[ProfileVersion]
+    ) -> TemplateResponse | None:
+        def start(form: WhatIfForm, version: ProfileVersion) -> str:
+            run = load_run_submit(
+                version.workspace,
+                _operator(request),
+                form.cleaned_data["manifest"],
+                form.cleaned_data["target"],
+                what_if_version=version,
+                mapping=form.cleaned_data["mapping"],
+            )
+            return f"Started a what-if run of {version} ({run.manifest_name} → {run.target})."
+
+        return _form_action(
+            self,
+            request,
+            queryset,
+            make_form=WhatIfForm,
+            perform=start,
+            title="What-if qualification",
+            action="run_what_if",
+            extra={
+                "intro": "Runs the manifest's arrivals, service times and bounds against each "
+                "selected version's limits, on a worker. The record is kept beside the version "
+                "and shown on its approval page; it never counts as load evidence.",
+                "submit_label": "Run what-if",
+            },
+        )
+
+
+def _review_html(review: VersionReview) -> SafeString:
+    return format_html(
+        "{}{}",
+        limits_table_html(review.base, review.limits),
+        what_if_html(review.version, review.what_if_runs),
+    )
 
 
 @admin.register(RollbackRequest)
@@ -519,22 +739,24 @@ class ProfileApprovalAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.
 
 @admin.register(ProfileChangeRecord)
 class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    # Compact columns, so digest, actor and approval stay readable beside both sidebars at 1280 px.
     list_display = (
-        "at",
+        "when",
         "workspace",
         "kind",
-        "previous_profile_version",
-        "profile_version",
+        "change",
         "short_digest",
         "actor",
-        "approval",
+        "approved_by",
+        "rollback_reason",
     )
-    list_filter = ("kind", WORKSPACE_FILTER, "at")
+    list_display_links = ("when",)
+    list_filter = ("kind", WORKSPACE_FILTER)
     list_select_related = (
         "workspace",
         "actor",
-        "approval__version__workspace",
         "approval__approver",
+        "rollback_request",
     )
     search_fields = ("profile_version", "previous_profile_version", "workspace__key")
     date_hierarchy = "at"
@@ -550,13 +772,44 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
         "actor",
         "approval",
         "rollback_request",
+        "rollback_reason",
         "record_json",
     )
     fields = readonly_fields
 
+    @admin.display(description="at (UTC)", ordering="at")
+    def when(self, obj: ProfileChangeRecord) -> str:
+        return obj.at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+    @admin.display(description="change")
+    def change(self, obj: ProfileChangeRecord) -> str:
+        return f"{obj.previous_profile_version or '—'} → {obj.profile_version}"
+
     @admin.display(description="digest")
-    def short_digest(self, obj: ProfileChangeRecord) -> str:
-        return obj.digest[:19] + "…"
+    def short_digest(self, obj: ProfileChangeRecord) -> SafeString:
+        # The full digest is the tooltip and the detail page's; the list shows its head.
+        return format_html('<code title="{}">{}…</code>', obj.digest, obj.digest[7:19])
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # The ledger is the widest list: it gives the app sidebar's width to its columns.
+        context = {"is_nav_sidebar_enabled": False, **(extra_context or {})}
+        return super().changelist_view(request, extra_context=context)
+
+    @admin.display(description="approved by", ordering="approval__approver__username")
+    def approved_by(self, obj: ProfileChangeRecord) -> str:
+        return str(obj.approval.approver)
+
+    @admin.display(description="rollback reason")
+    def rollback_reason(self, obj: ProfileChangeRecord) -> SafeString | str:
+        request = obj.rollback_request
+        if request is None:
+            return "—"
+        reason = request.reason or "(none given)"
+        if len(reason) <= 48:
+            return reason
+        return format_html('<span title="{}">{}…</span>', reason, reason[:47])
 
     @admin.display(description="decision-admission-profile-change/v1")
     def record_json(self, obj: ProfileChangeRecord) -> SafeString:

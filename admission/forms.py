@@ -1,7 +1,10 @@
-"""Admin forms: propose a profile document, decide a version, decide a rollback request."""
+"""Admin forms: propose a profile document, decide a version, request and decide a rollback,
+start a what-if run."""
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from django import forms
@@ -12,6 +15,7 @@ from admission import access, selectors, services
 from admission.core import InvalidProfileError, Profile
 from admission.models import RUNBOOK_ID, Workspace
 from config.untrusted_json import UntrustedJSONError, load_untrusted_json
+from evaluator import qualification
 
 MONOSPACE = (
     "font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; "
@@ -85,6 +89,42 @@ class ProfileProposeForm(forms.Form):
         return cleaned
 
 
+def suggest_label(label: str, taken: set[str]) -> str:
+    """The next free label after ``label``: a trailing number counts up (demo-v1 → demo-v2),
+    otherwise ``-2``, ``-3``… is appended."""
+    match = re.fullmatch(r"(.*?)(\d+)", label)
+    stem, number = (match.group(1), int(match.group(2))) if match else (f"{label}-", 1)
+    width = len(match.group(2)) if match else 1
+    while True:
+        number += 1
+        candidate = f"{stem}{number:0{width}d}"
+        if candidate not in taken:
+            return candidate
+
+
+def initial_proposal(form: ProfileProposeForm, workspace_key: str | None) -> dict[str, Any]:
+    """Start a proposal from the current version of the chosen workspace (or of the only one
+    the operator sees), under the next free label; nothing when there is none."""
+    visible = form.fields["workspace"].queryset  # type: ignore[attr-defined]
+    workspace = None
+    if workspace_key:
+        workspace = visible.filter(pk=workspace_key).first() if workspace_key.isdigit() else None
+    elif visible.count() == 1:
+        workspace = visible.first()
+    if workspace is None:
+        return {}
+    current = selectors.workspace_current_version(workspace=workspace)
+    if current is None:
+        return {"workspace": workspace}
+    taken = set(
+        selectors.profile_version_list(workspace=workspace).values_list(
+            "profile_version", flat=True
+        )
+    )
+    document = {**current.document, "profileVersion": suggest_label(current.profile_version, taken)}
+    return {"workspace": workspace, "document": json.dumps(document, indent=2)}
+
+
 class ProfileDecisionForm(forms.Form):
     """Answers to the runbook checklist and a comment; approval needs every answer confirmed."""
 
@@ -129,3 +169,44 @@ class RollbackDecisionForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.decision = decision
         self.fields["comment"].required = decision == "reject"
+
+
+class RollbackRequestForm(forms.Form):
+    """Why the workspace should go back to an earlier version; kept on the rollback request."""
+
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        help_text="Shown to the approver and kept with the rollback on the ledger.",
+    )
+
+    def clean_reason(self) -> str:
+        reason = self.cleaned_data["reason"].strip()
+        if not reason:
+            raise forms.ValidationError("say why the workspace should roll back")
+        return reason
+
+
+class WhatIfForm(forms.Form):
+    """Which manifest to run against a version's limits, on which offline target, and how the
+    manifest's principal and provider ids map onto the version's."""
+
+    manifest = forms.ChoiceField(choices=())
+    target = forms.ChoiceField(choices=())
+    mapping = forms.CharField(
+        required=False,
+        label="Id mapping (JSON, optional)",
+        widget=forms.Textarea(attrs={"rows": 4, "spellcheck": "false", "style": MONOSPACE}),
+        help_text='{"principals": {"noisy": "ID"}, "providers": {"jev": "ID"}}. Unmapped ids '
+        "the version also has map to themselves, the rest by position "
+        "(docs/load-qualification.md).",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        names = qualification.what_if_manifest_names()
+        self.fields["manifest"].choices = [(name, name) for name in names]  # type: ignore[attr-defined]
+        self.fields["target"].choices = [(n, n) for n in qualification.WHAT_IF_TARGETS]  # type: ignore[attr-defined]
+
+    def clean_mapping(self) -> dict[str, Any] | None:
+        text = self.cleaned_data["mapping"].strip()
+        return parse_json_object(text, "mapping") if text else None

@@ -12,6 +12,7 @@ import argparse
 import ipaddress
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -88,9 +89,9 @@ def _print_credentials(demo: Any) -> None:
         )
 
 
-def _banner(demo: Any, addr: str, broker: str, database: str) -> None:
+def _banner(demo: Any, addr: str, broker: str, database: str, *, show_credentials: bool) -> None:
+    """Where Sluice runs and how to try it; passwords and tokens only when `show_credentials`."""
     base = f"http://{addr}"
-    token = demo.proposer.token
     evaluations = f"{base}/api/workspaces/{demo.workspace}/evaluations/"
     lines = [
         "",
@@ -102,11 +103,23 @@ def _banner(demo: Any, addr: str, broker: str, database: str) -> None:
         "",
     ]
     print("\n".join(lines))
-    _print_credentials(demo)
+    if show_credentials:
+        _print_credentials(demo)
+        token = demo.proposer.token
+    else:
+        print(
+            f"Demo credentials are not printed: the server listens on {addr}, not on the default "
+            f"{DEFAULT_ADDR}.\nShow them with SLUICE_SHOW_CREDENTIALS=1 (or --show-credentials), "
+            f"or run: cd {shlex.quote(str(BASE_DIR))} && {shlex.quote(sys.executable)} "
+            "-m config.cli demo-setup"
+        )
+        token = "$TOKEN"
+    # An absolute path, so the line works from any directory; -S shows curl's own errors.
+    document = shlex.quote(f"@{BASE_DIR / 'docs' / 'example-evaluation.json'}")
     print(
         "\nRun an evaluation (docs/quick-tour.md explains the document):\n"
-        f"  curl -s -H 'Authorization: Token {token}' -H 'Content-Type: application/json' \\\n"
-        f"    -d @docs/example-evaluation.json {evaluations}\n"
+        f"  curl -sS -H \"Authorization: Token {token}\" -H 'Content-Type: application/json' \\\n"
+        f"    -d {document} {evaluations}\n"
         "\nPress Ctrl-C to stop the web server and the worker.\n",
         flush=True,
     )
@@ -212,7 +225,8 @@ def run_command(args: argparse.Namespace) -> int:
     status = 0
     try:
         if _wait_ready(f"http://{args.addr}/admin/login/", supervisor):
-            _banner(demo, args.addr, broker, database)
+            show = args.show_credentials or args.addr == DEFAULT_ADDR
+            _banner(demo, args.addr, broker, database, show_credentials=show)
         while not supervisor.stopping:
             name = supervisor.exited()
             if name is not None:
@@ -237,6 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=int(os.environ.get("SLUICE_WORKER_CONCURRENCY", "2")),
         help="worker processes (default 2)",
+    )
+    run.add_argument(
+        "--show-credentials",
+        action="store_true",
+        default=os.environ.get("SLUICE_SHOW_CREDENTIALS", "") not in ("", "0"),
+        help="print the demo passwords and tokens even when --addr is not the default "
+        "(also SLUICE_SHOW_CREDENTIALS=1)",
     )
     run.set_defaults(handler=run_command)
     setup = commands.add_parser("demo-setup", help="migrate and set up the demo, idempotently")

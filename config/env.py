@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 
@@ -52,6 +54,17 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if not raw:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_json(name: str, default: Any) -> Any:
+    """A JSON value from the environment; an empty or unset variable gives ``default``."""
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return json.loads(raw)
+    except ValueError as error:
+        raise SettingsError(f"{name} must be JSON: {error}") from None
 
 
 def database_from_url(url: str, base_dir: Path) -> dict[str, object]:

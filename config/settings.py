@@ -12,6 +12,7 @@ from config.env import (
     env_bool,
     env_choice,
     env_int,
+    env_json,
     env_list,
     env_rate,
     secret_key_from_environment,
@@ -248,6 +249,10 @@ SLUICE_ADMISSION_ON_REDIS_FAILURE = env_choice(
 SLUICE_ADMISSION_EXPECTED_WORKERS = env_int("SLUICE_ADMISSION_EXPECTED_WORKERS", 1, minimum=1)
 SLUICE_ADMISSION_BUDGET_TTL_MS = env_int("SLUICE_ADMISSION_BUDGET_TTL_MS", 86_400_000, minimum=1)
 SLUICE_ADMISSION_IDLE_TTL_MS = env_int("SLUICE_ADMISSION_IDLE_TTL_MS", 3_600_000, minimum=1)
+
+# Where staged-provider load runs send the manifest's calls (evaluator/deployment.py); unset, a
+# deployment offers no staged runs.
+SLUICE_STAGED_PROVIDER = env_json("SLUICE_STAGED_PROVIDER", None)
 
 LOGGING = {
     "version": 1,

@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from config.api_tokens import TokenIssueView
+from config.document_schemas import EvaluationSchemaView, ProfileSchemaView
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -10,6 +11,8 @@ urlpatterns = [
     path("api/", include("admission.api.urls")),
     path("api/", include("evaluator.api.urls")),
     path("api/auth/token/", TokenIssueView.as_view(), name="api-token"),
+    path("api/schemas/profile.json", ProfileSchemaView.as_view(), name="profile-schema"),
+    path("api/schemas/evaluation.json", EvaluationSchemaView.as_view(), name="evaluation-schema"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]

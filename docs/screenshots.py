@@ -2,8 +2,8 @@
 
 Sets up a throwaway embedded deployment (SQLite and the filesystem broker in a temporary
 directory), starts its web server and worker, and drives the admin with a headless Chromium
-(`SLUICE_CHROMIUM`, default /usr/bin/chromium): propose, approve, activate, roll back, run an
-evaluation and a load run. PNGs go to docs/img/.
+(`SLUICE_CHROMIUM`, default /usr/bin/chromium) at 1280 x 860: propose, run a what-if, approve,
+activate, roll back, run an evaluation and a load run. PNGs go to docs/img/.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Page, sync_playwright
 
@@ -133,10 +134,26 @@ class Tour:
         self.page.click("#decision-submit")
 
 
-def demo_profile(label: str, **workspace_limits: object) -> dict[str, object]:
+def tightened(label: str, **principal_limits: object) -> dict[str, Any]:
+    """The demo profile with the manifest's queue bounds: at most 64 waiting, 2 s each."""
     from config.demo import demo_profile as make
 
-    return make(label, **workspace_limits)
+    document = make(label, maxQueueLength=64, maxQueueWaitMs=2000)
+    document["providers"]["fake"].update(maxQueueLength=64, maxQueueWaitMs=2000)
+    for limits in document["principals"].values():
+        limits.update(maxQueueWaitMs=2000, **principal_limits)
+    return document
+
+
+def wait_for_status(page: Page, seconds: float, *, field: str = ".field-status .readonly") -> None:
+    """Reload a run's page until its status is neither queued nor running."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        page.reload()
+        status = page.locator(field).first.inner_text().strip().lower()
+        if "queued" not in status and "running" not in status:
+            return
+        time.sleep(1)
 
 
 def tour(page: Page, base: str, passwords: dict[str, str]) -> None:
@@ -146,57 +163,68 @@ def tour(page: Page, base: str, passwords: dict[str, str]) -> None:
     t.login("demo-proposer", shot="01-login")
     t.shot("02-admin-index")
 
+    # Propose: the form starts from the active version under the next label.
     t.go(versions + "add/")
-    page.select_option("#id_workspace", label="demo")
-    page.fill("#id_document", json.dumps(demo_profile("demo-v2", concurrency=3), indent=2))
+    t.shot("03-propose-start", full_page=True)
+    page.fill("#id_document", json.dumps(tightened("demo-v2", requestsPerMinute=0), indent=2))
     page.click("input[name=_preview]")
-    t.shot("03-propose-preview", full_page=True)
+    page.locator(".limits-diff").first.scroll_into_view_if_needed()
+    t.shot("04-propose-zero-limit")
+    page.fill("#id_document", json.dumps(tightened("demo-v2"), indent=2))
+    page.click("input[name=_preview]")
+    t.shot("05-propose-preview", full_page=True)
     page.click("input[name=_propose]")
-    t.shot("04-proposed")
+    t.shot("06-proposed")
+
+    # What-if: the manifest against demo-v2's limits, on the worker.
+    t.action(versions, "demo-v2", "run_what_if")
+    t.shot("07-what-if-form")
+    page.click("#action-submit")
+    page.click("#result_list a:text-is('demo-v2')")
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and page.locator(".what-if-run table").count() == 0:
+        time.sleep(2)
+        page.reload()
+    page.locator(".field-what_if_records").scroll_into_view_if_needed()
+    t.shot("08-what-if-record")
 
     t.login("demo-approver")
     t.action(versions, "demo-v2", "approve_selected")
-    t.decide("05-approve-checklist", "Tightens workspace concurrency to 3; diff reviewed.")
-    t.shot("06-approved")
+    t.decide("09-approve-checklist", "Queue bounds now match the manifest; what-if passes.")
+    t.shot("10-approved")
     t.action(versions, "demo-v2", "activate_selected")
-    t.shot("07-activated")
+    t.shot("11-activated")
 
     t.action(versions, "demo-v1", "request_rollback")
-    t.shot("08-rollback-requested")
+    page.fill("#id_reason", "Clients time out at 2 s waits; back to demo-v1 while we measure.")
+    t.shot("12-rollback-reason")
+    page.click("#action-submit")
+    t.shot("13-rollback-requested")
     t.login("demo-proposer")
     t.action("/admin/admission/rollbackrequest/", "demo", "approve_rollbacks")
-    t.decide("09-rollback-approve", "Back to demo-v1 while the canary is reviewed.")
-    t.shot("10-rolled-back")
+    t.decide("14-rollback-approve", "Agreed; demo-v1 until the client timeouts are raised.")
+    t.shot("15-rolled-back")
     t.go("/admin/admission/profilechangerecord/")
-    t.shot("11-change-history")
+    t.shot("16-change-history")
+    t.go("/admin/admission/workspace/")
+    page.click("#result_list a:text-is('demo')")
+    t.shot("17-workspace", full_page=True)
 
     t.go("/admin/evaluator/evaluationrun/add/")
     page.select_option("#id_workspace", label="demo")
-    t.shot("12-submit-evaluation", full_page=True)
+    t.shot("18-submit-evaluation", full_page=True)
     page.click("input[name=_start]")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        page.reload()
-        status = page.locator(".field-status .readonly").inner_text().strip().lower()
-        if status not in ("queued", "running"):
-            break
-        time.sleep(0.5)
-    t.shot("13-evaluation-result", full_page=True)
+    wait_for_status(page, 30)
+    t.shot("19-evaluation-result", full_page=True)
     t.go("/admin/evaluator/evaluationrun/")
-    t.shot("14-evaluation-runs")
+    t.shot("20-evaluation-runs")
 
     t.go("/admin/evaluator/loadrun/add/")
     page.select_option("#id_workspace", label="demo")
-    t.shot("15-start-load-run")
+    t.shot("21-start-load-run")
     page.click("input[name=_start]")
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        page.reload()
-        status = page.locator(".field-status .readonly").inner_text().strip().lower()
-        if status not in ("queued", "running"):
-            break
-        time.sleep(2)
-    t.shot("16-load-run-record", full_page=True)
+    wait_for_status(page, 180)
+    t.shot("22-load-run-record", full_page=True)
 
 
 def main() -> int:

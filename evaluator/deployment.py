@@ -4,12 +4,18 @@
 to `{"kind": "fake", "latencyMs": 20, "error": null, "callLog": null}` or
 `{"kind": "openai-chat", "baseUrl": "https://...", "apiKeyEnv": "NAME"}`. The adapter id is also
 the admission provider id, so it must match a provider of the workspace's profile. The default
-is one fake adapter, `fake`, so the embedded demo needs no provider.
+is one fake adapter, `fake`, so the embedded demo needs no provider. An `openai-chat` adapter may
+document its provider's capacity, `"capacity": {"concurrency": 8, "requestsPerMinute": 600}`,
+which staged-provider load runs stay below.
 
 `SLUICE_WORKSPACE_ADAPTERS` (likewise) maps a workspace key to adapters of that workspace only,
 in the same form; an id there replaces the deployment-wide adapter of that id for that
 workspace. Endpoints and credentials come from here alone: an evaluation names an adapter id
 and a model, nothing else (`evaluator.engine.rulesets.DEPLOYMENT_ONLY_KEYS`).
+
+`SLUICE_STAGED_PROVIDER` (a setting) says where a `staged-provider` load run sends the manifest's
+calls: `{"adapter": "ID" or {"MANIFEST-PROVIDER": "ID", ...}, "model": "NAME",
+"windowSeconds": 30}`; every adapter it names must be an `openai-chat` adapter with a capacity.
 """
 
 from __future__ import annotations
@@ -31,8 +37,19 @@ from evaluator.engine.adapters import (
     OpenAIChatAdapter,
 )
 from evaluator.engine.parsing import ENV_NAME
+from evaluator.harness.staged_target import Capacity, StagedEndpoint
 
-__all__ = ["DEFAULT_ADAPTERS", "AdapterConfigError", "adapter_ids", "build_adapters"]
+STAGED_SETTING = "SLUICE_STAGED_PROVIDER"
+DEFAULT_STAGED_WINDOW_SECONDS = 30
+
+__all__ = [
+    "DEFAULT_ADAPTERS",
+    "AdapterConfigError",
+    "adapter_ids",
+    "build_adapters",
+    "staged_endpoints",
+    "staged_window_seconds",
+]
 
 _WORKSPACE_SETTING = "SLUICE_WORKSPACE_ADAPTERS"
 
@@ -107,6 +124,82 @@ def _build(key: str, spec: Mapping[str, Any]) -> Adapter:
             raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.apiKeyEnv must be a variable name")
         return OpenAIChatAdapter(base_url=base_url, api_key_env=key_env)
     raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.kind must be 'fake' or 'openai-chat'")
+
+
+def _staged_setting() -> Mapping[str, Any]:
+    staged = getattr(settings, STAGED_SETTING, None)
+    if staged is None:
+        raise AdapterConfigError(
+            f"this deployment configures no staged provider ({STAGED_SETTING} is not set)"
+        )
+    if not isinstance(staged, Mapping):
+        raise AdapterConfigError(f"{STAGED_SETTING} must be an object")
+    unknown = sorted(set(staged) - {"adapter", "model", "windowSeconds"})
+    if unknown:
+        raise AdapterConfigError(f"{STAGED_SETTING}.{unknown[0]} is not a known key")
+    model = staged.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise AdapterConfigError(f"{STAGED_SETTING}.model must name the model to call")
+    return staged
+
+
+def staged_window_seconds() -> float:
+    """How much of the manifest's timeline a staged run releases (`windowSeconds`)."""
+    window = _staged_setting().get("windowSeconds", DEFAULT_STAGED_WINDOW_SECONDS)
+    if isinstance(window, bool) or not isinstance(window, int | float):
+        raise AdapterConfigError(f"{STAGED_SETTING}.windowSeconds must be a number of seconds")
+    return float(window)
+
+
+def _capacity(key: str, spec: Mapping[str, Any]) -> Capacity | None:
+    raw = spec.get("capacity")
+    if raw is None:
+        return None
+    where = f"SLUICE_ADAPTERS.{key}.capacity"
+    if not isinstance(raw, Mapping) or set(raw) - {"concurrency", "requestsPerMinute"}:
+        raise AdapterConfigError(f"{where} must be {{concurrency, requestsPerMinute?}}")
+    concurrency = raw.get("concurrency")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise AdapterConfigError(f"{where}.concurrency must be a positive integer")
+    rate = raw.get("requestsPerMinute")
+    if rate is not None and (
+        isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate < float("inf")
+    ):
+        raise AdapterConfigError(f"{where}.requestsPerMinute must be a non-negative number")
+    return Capacity(concurrency=concurrency, requests_per_minute=rate)
+
+
+def staged_endpoints(provider_ids: list[str]) -> dict[str, StagedEndpoint]:
+    """The endpoint of each manifest provider lane for a staged run, with fresh adapters."""
+    staged = _staged_setting()
+    chosen = staged.get("adapter")
+    if isinstance(chosen, str):
+        lanes = dict.fromkeys(provider_ids, chosen)
+    elif isinstance(chosen, Mapping) and all(isinstance(v, str) for v in chosen.values()):
+        lanes = dict(chosen)
+    else:
+        raise AdapterConfigError(
+            f"{STAGED_SETTING}.adapter must be an adapter id or map manifest providers to ids"
+        )
+    configured = _config()
+    adapters: dict[str, Adapter] = {}
+    endpoints = {}
+    for provider_id, adapter_id in lanes.items():
+        spec = configured.get(adapter_id)
+        if spec is None or spec.get("kind") != "openai-chat":
+            raise AdapterConfigError(
+                f"{STAGED_SETTING}.adapter: {adapter_id!r} is not an openai-chat adapter of "
+                "SLUICE_ADAPTERS; staged runs call a real endpoint"
+            )
+        if adapter_id not in adapters:
+            adapters[adapter_id] = _build(adapter_id, spec)
+        endpoints[provider_id] = StagedEndpoint(
+            adapter_id=adapter_id,
+            adapter=adapters[adapter_id],
+            model=str(staged["model"]),
+            capacity=_capacity(adapter_id, spec),
+        )
+    return endpoints
 
 
 class LoggedFakeAdapter(FakeAdapter):

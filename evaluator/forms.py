@@ -10,8 +10,7 @@ from django import forms
 from admission import access
 from admission.forms import MONOSPACE, parse_json_object
 from admission.models import Workspace
-from evaluator import services
-from evaluator.harness.service import LOAD_TARGETS
+from evaluator import qualification, services
 
 
 def example_request(decisions: int = 10, *, adapter: str = "fake") -> dict[str, Any]:
@@ -75,6 +74,6 @@ class LoadRunStartForm(forms.Form):
         ).order_by("key")
         names = services.load_manifest_names()
         self.fields["manifest"].choices = [(name, name) for name in names]  # type: ignore[attr-defined]
-        self.fields["target"].choices = [(name, name) for name in sorted(LOAD_TARGETS)]  # type: ignore[attr-defined]
+        self.fields["target"].choices = [(name, name) for name in qualification.TARGETS]  # type: ignore[attr-defined]
         if "load-manifest.v2.json" in names:
             self.initial.setdefault("manifest", "load-manifest.v2.json")

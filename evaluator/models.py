@@ -132,7 +132,10 @@ class EvaluationRun(WorkerRun):
 class LoadRun(WorkerRun):
     """One run of a preregistered load manifest against a harness target, started by staff.
 
-    ``record`` is the digest-bound ``decision-load-result/v1`` record the harness produced.
+    ``record`` is the digest-bound ``decision-load-result/v1`` record the harness produced. A
+    what-if run names ``what_if_version``: the manifest's arrivals ran against that version's
+    limits, with ``mapping`` (manifest id → profile id) as requested, and its record has mode
+    ``what-if``, which never counts as gate evidence.
     """
 
     class Status(models.TextChoices):
@@ -152,6 +155,14 @@ class LoadRun(WorkerRun):
     manifest_digest = models.CharField(max_length=71, blank=True)
     passed = models.BooleanField(null=True, blank=True)
     record = models.JSONField(null=True, blank=True)
+    what_if_version = models.ForeignKey(
+        "admission.ProfileVersion",
+        on_delete=models.PROTECT,
+        related_name="what_if_runs",
+        null=True,
+        blank=True,
+    )
+    mapping = models.JSONField(null=True, blank=True)
 
     class Meta(WorkerRun.Meta):
         indexes = [
@@ -159,4 +170,6 @@ class LoadRun(WorkerRun):
         ]
 
     def __str__(self) -> str:
+        if self.what_if_version_id is not None:
+            return f"what-if run {self.manifest_name} → {self.target} ({self.status})"
         return f"load run {self.manifest_name} → {self.target} ({self.status})"

@@ -6,7 +6,7 @@ import uuid
 
 from django.db.models import QuerySet
 
-from admission.models import Workspace
+from admission.models import ProfileVersion, Workspace
 from evaluator.models import EvaluationRun, LoadRun
 
 
@@ -35,7 +35,7 @@ def load_run_list(*, workspace: Workspace) -> QuerySet[LoadRun]:
     """A workspace's load runs, newest first."""
     return (
         LoadRun.objects.filter(workspace=workspace)
-        .select_related("workspace", "submitted_by")
+        .select_related("workspace", "submitted_by", "what_if_version")
         .order_by("-created_at", "-id")
     )
 
@@ -46,3 +46,12 @@ def load_run_get(*, workspace: Workspace, run_id: str) -> LoadRun | None:
     except ValueError:
         return None
     return load_run_list(workspace=workspace).filter(pk=key).first()
+
+
+def what_if_run_list(*, version: ProfileVersion) -> QuerySet[LoadRun]:
+    """The what-if runs of one profile version, newest first."""
+    return (
+        LoadRun.objects.filter(what_if_version=version)
+        .select_related("workspace", "submitted_by", "what_if_version")
+        .order_by("-created_at", "-id")
+    )

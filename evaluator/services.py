@@ -14,18 +14,17 @@ import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.conf import settings
 from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
 from admission import access, refresh, runtime, selectors
 from admission.core import AdmissionRegistry
-from admission.models import Workspace
+from admission.models import ProfileVersion, Workspace
+from evaluator import qualification
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.engine.invocation import DecisionEvaluationRequest
@@ -33,7 +32,6 @@ from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
 from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
-from evaluator.harness.service import LOAD_TARGETS, run_load
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.receipts_db import DatabaseReceiptStore
 from evaluator.worker import evaluation_loop
@@ -299,11 +297,21 @@ def load_manifest_names() -> list[str]:
 
 
 def load_run_submit(
-    workspace: Workspace, principal_user: Any, manifest_name: str, target: str
+    workspace: Workspace,
+    principal_user: Any,
+    manifest_name: str,
+    target: str,
+    *,
+    what_if_version: ProfileVersion | None = None,
+    mapping: Any = None,
+    enqueue: bool = True,
 ) -> LoadRun:
     """Store a load run of a preregistered manifest against a harness target and enqueue it.
 
-    Raises `LoadRunNotAllowed`, `InvalidRunRequest` (field `manifest` or `target`) or
+    With `what_if_version` it is a what-if run: the manifest's arrivals under that version's
+    limits, ids mapped as `mapping` asks (evaluator/qualification.py). `enqueue=False` leaves
+    the run for the caller to execute in its own process. Raises `LoadRunNotAllowed`,
+    `InvalidRunRequest` (field `manifest`, `target`, `version` or `mapping…`) or
     `BrokerUnavailable`.
     """
     if not access.can(principal_user, access.RUN_LOAD, workspace):
@@ -312,17 +320,24 @@ def load_run_submit(
         raise InvalidRunRequest(
             f"must be one of {', '.join(load_manifest_names())}", field="manifest"
         )
-    if target not in LOAD_TARGETS:
-        raise InvalidRunRequest(f"must be one of {', '.join(sorted(LOAD_TARGETS))}", field="target")
+    if what_if_version is not None and what_if_version.workspace_id != workspace.pk:
+        raise InvalidRunRequest("belongs to another workspace", field="version")
+    try:
+        qualification.check(manifest_name, target, what_if_version=what_if_version, mapping=mapping)
+    except qualification.QualificationError as error:
+        raise InvalidRunRequest(str(error), field=error.field) from None
     with transaction.atomic():
         run = LoadRun.objects.create(
             workspace=workspace,
             submitted_by=principal_user,
             manifest_name=manifest_name,
             target=target,
+            what_if_version=what_if_version,
+            mapping=mapping,
             task_id=str(uuid.uuid4()),
         )
-        _enqueue_on_commit(run)
+        if enqueue:
+            _enqueue_on_commit(run)
     return run
 
 
@@ -331,13 +346,14 @@ def load_run_execute(run_id: str | uuid.UUID) -> LoadRun | None:
     run = _claim(LoadRun, run_id)
     if run is None or run.finished:
         return run
-    path = Path(settings.BASE_DIR) / "manifests" / run.manifest_name
     try:
-        record = run_load(path, run.target)
+        record = qualification.execute(run)
     except FileNotFoundError:
         return _fail(run, "manifest-missing", f"{run.manifest_name} is not under manifests/")
     except LoadHarnessError as error:
         return _fail(run, "load-harness", str(error))
+    except AdapterConfigError as error:
+        return _fail(run, "configuration", str(error))
     return _finish(
         run,
         status=LoadRun.Status.COMPLETED,

@@ -1,4 +1,4 @@
-"""Query filters of the history endpoint: kind and a time range."""
+"""Query filters of the history endpoint: kinds and a time range."""
 
 from __future__ import annotations
 
@@ -7,41 +7,47 @@ from typing import Any
 
 import django_filters
 from django import forms
-from django_filters.fields import IsoDateTimeRangeField
+from django_filters.fields import IsoDateTimeField
 
 from admission.models import ProfileChangeRecord
 
 
-class UtcIsoDateTimeRangeField(IsoDateTimeRangeField):
-    """ISO 8601 bounds, moved to UTC before they reach the database: ISO allows offsets up to
-    ±23:59, PostgreSQL only ±15:59, and a bound UTC cannot hold is a 400, not a 500."""
+class UtcIsoDateTimeField(IsoDateTimeField):
+    """An ISO 8601 time, moved to UTC before it reaches the database: ISO allows offsets up to
+    ±23:59, PostgreSQL only ±15:59, and a time UTC cannot hold is a 400, not a 500."""
 
-    def compress(self, data_list: Any) -> slice | None:
-        bounds = super().compress(data_list)
-        if bounds is None:
+    def to_python(self, value: Any) -> dt.datetime | None:
+        moment = super().to_python(value)
+        if moment is None:
             return None
         try:
-            start, stop = (
-                None if value is None else value.astimezone(dt.UTC)
-                for value in (bounds.start, bounds.stop)
-            )
+            return moment.astimezone(dt.UTC)
         except OverflowError:
-            raise forms.ValidationError("a bound lies outside the years UTC can hold") from None
-        return slice(start, stop)
+            raise forms.ValidationError("lies outside the years UTC can hold") from None
 
 
-class UtcIsoDateTimeFromToRangeFilter(django_filters.IsoDateTimeFromToRangeFilter):
-    field_class = UtcIsoDateTimeRangeField
+class UtcIsoDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UtcIsoDateTimeField
 
 
 class ProfileHistoryFilter(django_filters.FilterSet):
-    kind = django_filters.ChoiceFilter(
-        choices=ProfileChangeRecord.Kind.choices, help_text="Only records of this kind."
+    # Repeatable: `?kind=change&kind=rollback` returns both kinds.
+    kind = django_filters.MultipleChoiceFilter(
+        choices=ProfileChangeRecord.Kind.choices,
+        help_text="Only records of these kinds; repeat the parameter for several.",
     )
-    at = UtcIsoDateTimeFromToRangeFilter(
-        help_text="`at_after` / `at_before`: ISO 8601 bounds on the record's time, inclusive."
+    # Two named filters, not one range, so a bad bound is reported under its own name.
+    at_after = UtcIsoDateTimeFilter(
+        field_name="at",
+        lookup_expr="gte",
+        help_text="Only records at or after this ISO 8601 time (e.g. 2025-01-01T00:00:00Z).",
+    )
+    at_before = UtcIsoDateTimeFilter(
+        field_name="at",
+        lookup_expr="lte",
+        help_text="Only records at or before this ISO 8601 time.",
     )
 
     class Meta:
         model = ProfileChangeRecord
-        fields = ("kind", "at")
+        fields = ("kind", "at_after", "at_before")

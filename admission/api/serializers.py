@@ -70,7 +70,8 @@ class ProfileVersionSerializer(serializers.ModelSerializer):
 
 class ProfileProposeSerializer(serializers.Serializer):
     document = serializers.JSONField(
-        help_text="The whole profile document: profileVersion, workspace, providers, principals."
+        help_text="The whole profile document: profileVersion, workspace, providers, principals; "
+        "its JSON Schema is GET /api/schemas/profile.json."
     )
 
     def validate_document(self, value: Any) -> dict[str, Any]:

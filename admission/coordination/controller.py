@@ -793,8 +793,9 @@ class CoordinatedController:
             "" if actual_cost_usd is None else repr(float(actual_cost_usd)),
         ]
         task = self._coordinator.background(self._write("release", args, lease))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        if task is not None:
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
 
     async def _write(self, name: str, args: list[Any], lease: CoordinatedLease | None) -> None:
         """A write that must land: retried until Redis takes it or the state it was about is

@@ -17,7 +17,7 @@ import socket
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -156,9 +156,21 @@ class RedisCoordinator:
             self._sync_client = None
         self._loop = None
 
-    def background(self, coroutine: Awaitable[Any]) -> asyncio.Task[Any]:
-        """Run a coroutine on the process loop, kept referenced until it finishes."""
-        task = asyncio.ensure_future(coroutine)
+    def background(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any] | None:
+        """Run a coroutine on the process loop, kept referenced until it finishes.
+
+        Called from the loop's thread (running or not); before the coordinator ever ran on a
+        loop there is nothing in Redis to act on, and the coroutine is dropped.
+        """
+        loop: asyncio.AbstractEventLoop | None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = self._loop
+        if loop is None or loop.is_closed():
+            coroutine.close()
+            return None
+        task = loop.create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         return task

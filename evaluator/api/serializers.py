@@ -14,8 +14,9 @@ class RunErrorSerializer(serializers.Serializer):
 
 
 class EvaluationSubmitSerializer(serializers.Serializer):
-    """A `DecisionEvaluationRequest` document. The principal and workspace are never in it:
-    they are the authenticated caller and the workspace of the URL."""
+    """A `DecisionEvaluationRequest` document (JSON Schema: GET /api/schemas/evaluation.json).
+    The principal and workspace are never in it: they are the authenticated caller and the
+    workspace of the URL."""
 
     ruleset = serializers.JSONField(help_text="The ordered ruleset: {id, decisions: [...]}.")
     input = serializers.JSONField(required=False, help_text="Values for the prompts' ${names}.")
@@ -91,7 +92,10 @@ class LoadRunSubmitSerializer(serializers.Serializer):
     manifest = serializers.CharField(
         help_text="A preregistered manifest, e.g. load-manifest.v2.json."
     )
-    target = serializers.CharField(help_text="A load target, e.g. admission-controller.")
+    target = serializers.CharField(
+        help_text="admission-controller or evaluator (offline, virtual time), or staged-provider "
+        "(real time, against the deployment's staged endpoint)."
+    )
 
 
 class LoadRunSerializer(WorkerRunSerializer):
@@ -103,6 +107,15 @@ class LoadRunSerializer(WorkerRunSerializer):
         read_only=True, allow_null=True, help_text="The decision-load-result/v1 record."
     )
     status = serializers.CharField(read_only=True, help_text="queued, running, completed, failed")
+    whatIfVersion = serializers.CharField(
+        source="what_if_version.profile_version",
+        read_only=True,
+        allow_null=True,
+        help_text="Set for a what-if run: the profile version whose limits it ran against.",
+    )
+    mapping = serializers.JSONField(
+        read_only=True, allow_null=True, help_text="A what-if run's requested id mapping."
+    )
 
     class Meta:
         model = LoadRun
@@ -121,5 +134,7 @@ class LoadRunSerializer(WorkerRunSerializer):
             "startedAt",
             "finishedAt",
             "error",
+            "whatIfVersion",
+            "mapping",
             "record",
         )

@@ -21,6 +21,7 @@ from admission import access
 from admission.api.pagination import CheckedCursorPagination
 from admission.api.serializers import ErrorSerializer
 from admission.api.views import WorkspaceScopedMixin
+from config.api_parsers import BoundedJSONParser
 from evaluator import selectors, services
 from evaluator.api.serializers import (
     EvaluationRunSerializer,
@@ -76,6 +77,8 @@ class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
     filterset_class = EvaluationRunFilter
     write_act = access.EVALUATE
     starts_runs = True
+    # The request document is nested JSON: a form or multipart body cannot carry it.
+    parser_classes = [BoundedJSONParser]
 
     def get_queryset(self) -> QuerySet[EvaluationRun]:
         if getattr(self, "swagger_fake_view", False):

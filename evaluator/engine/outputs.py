@@ -106,7 +106,8 @@ def _check_schema(schema: Any, where: str, *, depth: int) -> None:
     schema = parsing.mapping(schema, where)
     parsing.known_keys(schema, _SCHEMA_KEYS, where)
     kind = parsing.required(schema, "type", where)
-    if kind not in _SCHEMA_TYPES:
+    # A list or object here is unhashable: check the type before looking it up.
+    if not isinstance(kind, str) or kind not in _SCHEMA_TYPES:
         raise InvalidDefinitionError(f"{where}.type", f"must be one of {sorted(_SCHEMA_TYPES)}")
     if "enum" in schema:
         parsing.sequence(schema["enum"], f"{where}.enum", min_items=1, max_items=256)

@@ -74,11 +74,16 @@ def integer(value: Any, field: str, *, minimum: int, maximum: int) -> int:
 def number(value: Any, field: str, *, minimum: float, maximum: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidDefinitionError(field, "must be a number")
-    if not math.isfinite(value):
+    try:
+        # A JSON integer literal may be far beyond any float.
+        as_float = float(value)
+    except OverflowError:
+        raise InvalidDefinitionError(field, "must be finite") from None
+    if not math.isfinite(as_float):
         raise InvalidDefinitionError(field, "must be finite")
-    if value < minimum or value > maximum:
+    if as_float < minimum or as_float > maximum:
         raise InvalidDefinitionError(field, f"must be between {minimum:g} and {maximum:g}")
-    return float(value)
+    return as_float
 
 
 def sequence(value: Any, field: str, *, max_items: int, min_items: int = 0) -> list[Any]:

@@ -130,7 +130,7 @@ class EvaluatorDriver(TimelineDriver):
             target = Target.from_dict(
                 {
                     "adapter": provider_id,
-                    "model": "fake",
+                    "model": self._model(provider_id),
                     "retry": {
                         "maxAttempts": 1 + self.max_retries,
                         "initialBackoffMs": self.backoff_ms,
@@ -152,6 +152,10 @@ class EvaluatorDriver(TimelineDriver):
             self._rulesets[key] = ruleset
             self._estimates[decision_id] = estimate_for(tokens)
         return ruleset
+
+    def _model(self, provider_id: str) -> str:
+        """The model name a target of ``provider_id`` asks for."""
+        return "fake"
 
     def _estimate(self, decision: Decision, target: Target, prompt: str) -> Estimate:
         return self._estimates[decision.id]

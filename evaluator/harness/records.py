@@ -31,8 +31,10 @@ __all__ = [
     "FLAG_QUALIFIED",
     "MODE_OFFLINE",
     "MODE_STAGED",
+    "MODE_WHAT_IF",
     "RECORD_SCHEMA",
     "TARGETS",
+    "TARGET_STAGED",
     "build_record",
     "compare_bounds",
     "environment",
@@ -43,8 +45,13 @@ __all__ = [
 RECORD_SCHEMA = "decision-load-result/v1"
 MODE_OFFLINE = "offline-fake-provider"
 MODE_STAGED = "staged-provider"
-MODES = frozenset({MODE_OFFLINE, MODE_STAGED})
-TARGETS = frozenset({"admission-controller", "evaluator"})
+# The manifest's arrivals against a proposed profile's limits: advice for an approver, never
+# evidence for a gate.
+MODE_WHAT_IF = "what-if"
+MODES = frozenset({MODE_OFFLINE, MODE_STAGED, MODE_WHAT_IF})
+TARGET_STAGED = "staged-provider"
+TARGETS = frozenset({"admission-controller", "evaluator", TARGET_STAGED})
+WHAT_IF_KEY = "whatIf"
 
 FLAG_OFFLINE_PASSED = "load-manifest-offline-passed"
 FLAG_QUALIFIED = "load-manifest-qualified"
@@ -133,12 +140,21 @@ def build_record(
     observations: Mapping[str, Any],
     resources: Mapping[str, Any],
     host: Mapping[str, str] | None = None,
+    what_if: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A digest-bound record; ``mode`` comes from the path that ran, never from a caller."""
+    """A digest-bound record; ``mode`` comes from the path that ran, never from a caller.
+
+    A what-if record (``mode`` ``what-if``) also carries ``what_if``: the profile whose limits
+    replaced the manifest's, and how the manifest's ids were mapped onto it.
+    """
     if mode not in MODES:
         raise LoadHarnessError(f"unknown load mode {mode!r}")
     if target not in TARGETS:
         raise LoadHarnessError(f"unknown load target {target!r}")
+    if (mode == MODE_STAGED) != (target == TARGET_STAGED):
+        raise LoadHarnessError(f"a {mode} record cannot come from the {target} target")
+    if (mode == MODE_WHAT_IF) != (what_if is not None):
+        raise LoadHarnessError("exactly the what-if records name the profile they ran against")
     comparisons = compare_bounds(manifest.bounds, observations, resources)
     record: dict[str, Any] = {
         "schema": RECORD_SCHEMA,
@@ -152,6 +168,8 @@ def build_record(
         "comparisons": comparisons,
         "passed": all(c["pass"] for c in comparisons),
     }
+    if what_if is not None:
+        record[WHAT_IF_KEY] = dict(what_if)
     record["digest"] = sha256_digest(record)
     return record
 
@@ -180,9 +198,12 @@ def verify_record(
     if not isinstance(record, Mapping) or record.get("schema") != RECORD_SCHEMA:
         raise RecordFormatError(f"not a {RECORD_SCHEMA} record")
     keys = set(record)
-    if keys != _TOP_LEVEL_KEYS:
-        missing = sorted(_TOP_LEVEL_KEYS - keys)
-        extra = sorted(keys - _TOP_LEVEL_KEYS)
+    expected_keys = _TOP_LEVEL_KEYS
+    if record.get("mode") == MODE_WHAT_IF:
+        expected_keys = _TOP_LEVEL_KEYS | {WHAT_IF_KEY}
+    if keys != expected_keys:
+        missing = sorted(expected_keys - keys)
+        extra = sorted(keys - expected_keys)
         raise RecordFormatError(f"record fields differ: missing {missing}, unexpected {extra}")
     claimed = record["digest"]
     body = {key: value for key, value in record.items() if key != "digest"}
@@ -217,6 +238,12 @@ def verify_record(
         raise RecordFormatError(f"record mode {record['mode']!r} is not a load mode")
     if record["target"] not in TARGETS:
         raise RecordFormatError(f"record target {record['target']!r} is not a load target")
+    if (record["mode"] == MODE_STAGED) != (record["target"] == TARGET_STAGED):
+        raise RecordFormatError(
+            f"record mode {record['mode']} does not match its target {record['target']}"
+        )
+    if record["mode"] == MODE_WHAT_IF and not isinstance(record[WHAT_IF_KEY], Mapping):
+        raise RecordFormatError("a what-if record must name the profile it ran against")
     _verify_comparisons(record, manifest_bytes_or_digest)
     return record
 
@@ -269,12 +296,15 @@ def evidence_flags(records: Iterable[Mapping[str, Any]]) -> dict[str, bool]:
     ``load-manifest-offline-passed`` needs at least one verified, passing offline record and no
     failing or unverifiable one; ``load-manifest-qualified`` (gate G5) likewise needs verified,
     passing ``staged-provider`` evidence, and one failing staged record disqualifies the set.
-    Offline records never set the qualified flag, whatever else they claim.
+    Offline records never set the qualified flag, whatever else they claim, and what-if records
+    (another profile's limits) are ignored: they neither set nor spoil a flag.
     """
     good = {MODE_OFFLINE: 0, MODE_STAGED: 0}
     spoiled = {MODE_OFFLINE: False, MODE_STAGED: False}
     for record in records:
         claimed_mode = record.get("mode") if isinstance(record, Mapping) else None
+        if claimed_mode == MODE_WHAT_IF:
+            continue
         try:
             verify_record(record)
         except LoadHarnessError:

@@ -23,8 +23,11 @@ class TimelineDriver:
 
     A subclass says what an arrival does (`_arrive`) and when it has nothing open
     (`_idle`); this class owns the loop, the registry built from the manifest's profile, the
-    timeline cursor, progress reports, and stopping on the first harness error.
+    timeline cursor, progress reports, and stopping on the first harness error. A path that
+    runs at real time replaces ``_new_loop`` and ``mode``.
     """
+
+    mode = MODE_OFFLINE
 
     def __init__(
         self,
@@ -40,7 +43,7 @@ class TimelineDriver:
         self.max_retries = int(model.get("maxRetries", 0))
         self.backoff_ms = float(model.get("retryBackoffMs", 0))
         self.tally = LoadTally()
-        self.loop = VirtualTimeLoop()
+        self.loop = self._new_loop()
         self.clock = self.loop.clock
         self.registry = AdmissionRegistry(clock=self.clock, rng=random.Random(model["seed"]))
         self.controller = self.registry.register(
@@ -51,6 +54,10 @@ class TimelineDriver:
         self._pending: Arrival | None = None
         self._drained: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
+
+    def _new_loop(self) -> VirtualTimeLoop:
+        """The loop the timeline runs on; its ``clock`` is the registry's clock."""
+        return VirtualTimeLoop()
 
     def run(self) -> TargetRun:
         """Run the window; returns when the last arrival has ended."""
@@ -63,7 +70,7 @@ class TimelineDriver:
             raise self._error
         duration_ms = self.clock.monotonic_ms()
         return TargetRun(
-            mode=MODE_OFFLINE,
+            mode=self.mode,
             window=window(self.end_ms),
             observations=self.tally.observations(duration_ms),
             virtual_duration_ms=duration_ms,

@@ -7,20 +7,28 @@ which is whatever the path that actually ran reports.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from evaluator.harness.arrivals import ArrivalModel, generate_arrivals
+from evaluator.harness.arrivals import Arrival, ArrivalModel, generate_arrivals
 from evaluator.harness.controller_target import CONTROLLER_TARGET
 from evaluator.harness.errors import UnknownTargetError
 from evaluator.harness.evaluator_target import EVALUATOR_TARGET
 from evaluator.harness.manifests import LoadManifest, load_manifest
 from evaluator.harness.records import build_record
 from evaluator.harness.resources import HeapSampler, cpu_time_of, resources
-from evaluator.harness.target import LoadTarget, Progress
+from evaluator.harness.target import LoadTarget, Progress, TargetRun
 
-__all__ = ["LOAD_TARGETS", "evidence_path", "run_load", "run_manifest", "write_record"]
+__all__ = [
+    "LOAD_TARGETS",
+    "evidence_path",
+    "measure",
+    "run_load",
+    "run_manifest",
+    "run_target",
+    "write_record",
+]
 
 LOAD_TARGETS: Mapping[str, LoadTarget] = {
     target.name: target for target in (CONTROLLER_TARGET, EVALUATOR_TARGET)
@@ -35,16 +43,18 @@ def _target(name: str) -> LoadTarget:
     return target
 
 
-def run_manifest(
-    manifest: LoadManifest, target: str, progress: Progress | None = None
-) -> dict[str, Any]:
-    """Run an already loaded (hence registered) manifest; returns the digest-bound record."""
-    runner = _target(target)
-    # The timeline is the run's input: made once, its CPU counted with the run's.
-    model = ArrivalModel.from_manifest(manifest)
-    arrivals, timeline_cpu = cpu_time_of(
-        lambda: generate_arrivals(model, runner.window_end_ms(manifest))
-    )
+def measure(
+    runner: LoadTarget,
+    manifest: LoadManifest,
+    make_arrivals: Callable[[], list[Arrival]],
+    progress: Progress | None = None,
+) -> tuple[TargetRun, dict[str, Any]]:
+    """Build the timeline, run it through ``runner`` and sample the host while it runs.
+
+    Returns what the target observed and the record's ``resources``; the timeline is the run's
+    input, so its CPU is counted with the run's.
+    """
+    arrivals, timeline_cpu = cpu_time_of(make_arrivals)
     heap = HeapSampler()
 
     def tick(fraction: float) -> None:
@@ -54,15 +64,33 @@ def run_manifest(
 
     timed, run_cpu = cpu_time_of(lambda: runner.run(manifest, arrivals, tick))
     heap.sample()
-    cpu_seconds = timeline_cpu + run_cpu
+    used = resources(timed.virtual_duration_ms, timeline_cpu + run_cpu, heap.peak_bytes)
+    return timed, used
+
+
+def run_target(
+    manifest: LoadManifest, runner: LoadTarget, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Release ``manifest``'s arrivals over ``runner``'s window; returns the record, whose mode
+    is the one the runner reports."""
+    model = ArrivalModel.from_manifest(manifest)
+    end_ms = runner.window_end_ms(manifest)
+    timed, used = measure(runner, manifest, lambda: generate_arrivals(model, end_ms), progress)
     return build_record(
         manifest=manifest,
         mode=timed.mode,
-        target=target,
+        target=runner.name,
         window=timed.window,
         observations=timed.observations,
-        resources=resources(timed.virtual_duration_ms, cpu_seconds, heap.peak_bytes),
+        resources=used,
     )
+
+
+def run_manifest(
+    manifest: LoadManifest, target: str, progress: Progress | None = None
+) -> dict[str, Any]:
+    """Run an already loaded (hence registered) manifest; returns the digest-bound record."""
+    return run_target(manifest, _target(target), progress)
 
 
 def run_load(

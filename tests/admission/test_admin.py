@@ -191,7 +191,9 @@ def test_activate_and_rollback_actions(workspace, proposer, approver, approved):
     again = _act(client, VERSIONS_URL, "activate_selected", [v2])
     assert "already the current version" in _messages(again)[0]
 
-    requested = _act(_login(proposer), VERSIONS_URL, "request_rollback", [v1])
+    requested = _act(
+        _login(proposer), VERSIONS_URL, "request_rollback", [v1], post="yes", reason="v2 is slow"
+    )
     assert "second operator" in _messages(requested)[0]
     request = RollbackRequest.objects.get()
 

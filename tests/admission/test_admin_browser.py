@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from admission import services
 from admission.models import ProfileChangeRecord, RollbackRequest
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -108,6 +109,8 @@ def test_CNC_ADMIT_AUDIT_admin_workflow_from_login_to_approved_rollback(
         alex.activate_version("v2", "change")
 
         pat.run_action("/admin/admission/profileversion/", "v1", "request_rollback")
+        pat.page.fill("#id_reason", "v2 starves the quiet principals")
+        pat.page.click("#action-submit")
         expect(pat.messages()).to_contain_text("Requested a rollback to acme:v1")
 
         alex.run_action("/admin/admission/rollbackrequest/", "acme", "approve_rollbacks")
@@ -118,6 +121,9 @@ def test_CNC_ADMIT_AUDIT_admin_workflow_from_login_to_approved_rollback(
         alex.page.goto("/admin/admission/profilechangerecord/")
         kinds = alex.page.locator("#result_list tbody td.field-kind")
         expect(kinds).to_have_text(["Rollback", "Change", "Initial"])
+        expect(alex.page.locator("#result_list tbody td.field-rollback_reason").first).to_have_text(
+            "v2 starves the quiet principals"
+        )
         alex.page.click("#changelist-filter a:text-is('Rollback')")
         expect(alex.page.locator("#result_list tbody tr")).to_have_count(1)
 
@@ -129,3 +135,40 @@ def test_CNC_ADMIT_AUDIT_admin_workflow_from_login_to_approved_rollback(
     assert [r.kind for r in records] == ["initial", "change", "rollback"]
     assert records.last().digest == records.first().digest
     assert RollbackRequest.objects.get().decided_by == approver
+    assert RollbackRequest.objects.get().reason == "v2 starves the quiet principals"
+
+
+def test_change_history_columns_are_readable_at_1280_px(
+    live_server, chromium_path, workspace, proposer, approver, approved
+):
+    v1, v2 = approved("v1"), approved("v2", concurrency=2)
+    services.profile_version_activate(version=v1, actor=approver)
+    services.profile_version_activate(version=v2, actor=approver)
+    request = services.rollback_request_create(
+        workspace=workspace,
+        target=v1,
+        requested_by=proposer,
+        reason="v2 starves the quiet principals whenever the noisy one bursts",
+    )
+    services.rollback_request_approve(request=request, approver=approver)
+    with chromium(chromium_path) as browser:
+        alex = Operator(browser, live_server.url, "alex")
+        page = alex.page
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.goto("/admin/admission/profilechangerecord/")
+        table = page.locator("#result_list")
+        expect(table.locator("tbody tr")).to_have_count(3)
+        # Nothing scrolls sideways, and every column ends inside the window.
+        overflow = page.evaluate(
+            "() => { const box = document.querySelector('.results');"
+            " return box.scrollWidth - box.clientWidth; }"
+        )
+        assert overflow <= 0
+        for column in ("short_digest", "actor", "approved_by", "rollback_reason"):
+            header = table.locator(f"thead th.column-{column}")
+            box = header.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= 1280, column
+        cells = table.locator("tbody tr").first
+        expect(cells.locator("td.field-actor")).to_have_text("alex")
+        expect(cells.locator("td.field-approved_by")).to_contain_text("alex")
+        expect(cells.locator("td.field-short_digest")).to_have_text(re.compile(r"^[0-9a-f]{12}…$"))

@@ -312,6 +312,9 @@ def test_history_filters_by_kind_and_time_range(workspace, member, seed_history)
     rollbacks = _walk_pages(client, url, {"kind": "rollback"})
     assert {row["kind"] for row in rollbacks} == {"rollback"}
     assert len(rollbacks) == 4
+    both = _walk_pages(client, url, {"kind": ["change", "rollback"]})
+    assert {row["kind"] for row in both} == {"change", "rollback"}
+    assert len(both) == 19
     window = _walk_pages(
         client,
         url,
@@ -329,12 +332,17 @@ def test_history_filters_by_kind_and_time_range(workspace, member, seed_history)
 
 @pytest.mark.parametrize(
     ("params", "field"),
-    [({"kind": "sideways"}, "kind"), ({"at_after": "yesterday-ish"}, "at")],
+    [
+        ({"kind": "sideways"}, "kind"),
+        ({"kind": ["change", "sideways"]}, "kind"),
+        ({"at_after": "yesterday"}, "at_after"),
+        ({"at_before": "2025-13-01T00:00:00Z"}, "at_before"),
+    ],
 )
 def test_history_bad_filters_are_400_naming_the_field(workspace, member, params, field):
     response = _history(_client(member), **params)
     assert response.status_code == 400
-    assert field in response.data["error"]["fields"]
+    assert set(response.data["error"]["fields"]) == {field}
 
 
 def test_history_bad_cursor_is_404_not_500(workspace, member):
@@ -363,6 +371,23 @@ def test_openapi_schema_validates_without_warnings(tmp_path):
     schema = target.read_text()
     assert "/api/workspaces/{workspace_key}/profile-history/" in schema
     assert "/api/workspaces/{workspace_key}/profiles/{profile_version}/" in schema
+
+
+def test_openapi_advertises_only_request_bodies_that_work(client, workspace, member):
+    schema = client.get("/api/schema/?format=json").json()
+    bodies = {
+        path: set(operation["post"]["requestBody"]["content"])
+        for path, operation in schema["paths"].items()
+        if "post" in operation
+    }
+    # An evaluation is nested JSON: only JSON is advertised, and a form body is a typed 415.
+    assert bodies["/api/workspaces/{workspace_key}/evaluations/"] == {"application/json"}
+    # A profile document travels as one JSON field, which a form can carry too.
+    assert "multipart/form-data" in bodies["/api/workspaces/{workspace_key}/profiles/"]
+    client.force_login(member)
+    refused = client.post("/api/workspaces/acme/evaluations/", {"ruleset": "{}"})
+    assert refused.status_code == 415
+    assert refused.json()["error"]["type"] == "unsupported_media_type"
 
 
 def test_docs_ui_is_served_without_a_cdn(client, member):

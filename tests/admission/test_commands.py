@@ -72,7 +72,9 @@ def test_CNC_ADMIT_AUDIT_command_workflow_from_proposal_to_rollback(
     ]
     assert [r["kind"] for r in history] == ["initial", "change", "rollback"]
     assert history == [r.to_dict() for r in ProfileChangeRecord.objects.order_by("id")]
-    assert _profiles("history", *ws, "--user", "pat", "--kind", "rollback").count("\n") == 1
+    rollback = _profiles("history", *ws, "--user", "pat", "--kind", "rollback")
+    assert rollback.count("\n") == 1
+    assert rollback.rstrip("\n").endswith("\tslow")
 
 
 def test_reject_and_rollback_reject(workspace, proposer, approver, approved, document_file):

@@ -209,7 +209,7 @@ def test_a_valid_evaluation_still_goes_through_the_bounded_parser(
         ({"at_after": "4487-03-11T07:44:12.340294-17:24"}, 200),
         ({"at_before": "2025-01-01T00:00:00+23:59"}, 200),
         ({"at_after": "9999-12-31T23:59:59-23:00"}, 400),
-        ({"at_after": "0001-01-01T00:00:00+01:00"}, 400),
+        ({"at_before": "0001-01-01T00:00:00+01:00"}, 400),
     ],
 )
 def test_time_bounds_with_offsets_postgresql_cannot_hold_are_answered(operator_api, params, status):
@@ -217,4 +217,4 @@ def test_time_bounds_with_offsets_postgresql_cannot_hold_are_answered(operator_a
     response = operator_api.get("/api/workspaces/acme/profile-history/", params)
     assert response.status_code == status, response.content
     if status == 400:
-        assert "at" in response.json()["error"]["fields"]
+        assert list(response.json()["error"]["fields"]) == list(params)

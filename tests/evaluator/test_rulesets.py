@@ -104,6 +104,21 @@ def test_defaults_keep_the_scheduler_serial():
             "ruleset.decisions[0].binding.primary.timeoutMs",
         ),
         (
+            # A JSON integer literal beyond any float: refused, never an OverflowError.
+            lambda d: d["ruleset"]["decisions"][0]["binding"]["primary"].update(timeoutMs=10**400),
+            "ruleset.decisions[0].binding.primary.timeoutMs",
+        ),
+        (lambda d: d.update(deadlineMs=-(10**400)), "deadlineMs"),
+        (
+            lambda d: (
+                d["ruleset"]["decisions"][0].update(
+                    outputSchema={"type": ["string"]}, allowedOutputs=None
+                )
+                or d["ruleset"]["decisions"][0].pop("allowedOutputs")
+            ),
+            "ruleset.decisions[0].outputSchema.type",
+        ),
+        (
             lambda d: d["ruleset"]["decisions"][0]["binding"]["primary"].pop("model"),
             "ruleset.decisions[0].binding.primary.model",
         ),

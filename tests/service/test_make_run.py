@@ -59,6 +59,8 @@ def test_make_run_in_a_fresh_clone_serves_runs_and_stops_cleanly(tmp_path):
     venv_bin = str(ROOT / ".venv" / "bin")
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
     env["SLUICE_ADDR"] = f"127.0.0.1:{port}"
+    # Not the default address: the banner shows credentials only when asked to.
+    env["SLUICE_SHOW_CREDENTIALS"] = "1"
     log_path = tmp_path / "make-run.log"
     with log_path.open("wb") as log:
         make = subprocess.Popen(

@@ -25,6 +25,8 @@ from admission.core import InvalidProfileError
 from admission.models import RUNBOOK_ID, ProfileVersion, RollbackRequest, Workspace
 from config.api_auth import ApiTokenAuthentication
 from config.untrusted_json import UntrustedJSONError, check_json_value, load_untrusted_json
+from evaluator import qualification
+from evaluator.services import RunServiceError, load_run_execute, load_run_submit
 
 CHECKLIST_IDS = [key for key, _ in services.RUNBOOK_CHECKLIST]
 TOKEN_VARIABLE = "SLUICE_PROFILES_TOKEN"
@@ -33,8 +35,8 @@ PASSWORD_VARIABLE = "SLUICE_PROFILES_PASSWORD"
 
 class Command(BaseCommand):
     help = (
-        "Propose, approve, reject, activate and roll back admission profile versions, "
-        "and list versions and their change history."
+        "Propose, approve, reject, activate and roll back admission profile versions, run "
+        "what-if qualification on them, and list versions and their change history."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -80,13 +82,34 @@ class Command(BaseCommand):
         listing = commands.add_parser("list", help="List a workspace's versions.")
         _workspace_and_user(listing)
 
+        what_if = commands.add_parser(
+            "what-if",
+            help="Run the offline manifest against a version's limits and keep the what-if "
+            "record beside it (it never counts as load evidence).",
+        )
+        what_if.add_argument("label", metavar="LABEL", help="The profileVersion.")
+        _workspace_and_user(what_if)
+        what_if.add_argument("--manifest", default="load-manifest.v2.json", metavar="NAME")
+        what_if.add_argument(
+            "--target", default="admission-controller", choices=qualification.WHAT_IF_TARGETS
+        )
+        for section in ("principal", "provider"):
+            what_if.add_argument(
+                f"--map-{section}",
+                action="append",
+                default=[],
+                metavar="MANIFEST_ID=PROFILE_ID",
+                help=f"Map a manifest {section} onto one of the version's; repeat per id.",
+            )
+        what_if.add_argument("--json", action="store_true", help="Print the whole record.")
+
         history = commands.add_parser("history", help="Show a workspace's change records.")
         _workspace_and_user(history)
         history.add_argument("--kind", choices=["initial", "change", "rollback"])
         history.add_argument("--json", action="store_true", help="One JSON record per line.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        subcommand = options["subcommand"]
+        subcommand = options["subcommand"].replace("-", "_")
         if subcommand == "rollback":
             subcommand = f"rollback_{options['step']}"
         for name in ("comment", "reason"):
@@ -99,6 +122,9 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         except access.AccessDenied as denied:
             raise CommandError(f"{options['user']}: {denied}") from denied
+        except RunServiceError as error:
+            where = f"{error.field}: " if error.field else ""
+            raise CommandError(f"{where}{error}") from error
 
     def _propose(self, options: dict[str, Any]) -> None:
         workspace = _workspace(options["workspace"])
@@ -179,6 +205,45 @@ class Command(BaseCommand):
                 f"{version.profile_digest}\t{version.proposed_by}\t{version.created_at.isoformat()}"
             )
 
+    def _what_if(self, options: dict[str, Any]) -> None:
+        version = _version(options["workspace"], options["label"])
+        mapping = {
+            "principals": _pairs(options["map_principal"], "--map-principal"),
+            "providers": _pairs(options["map_provider"], "--map-provider"),
+        }
+        run = load_run_submit(
+            version.workspace,
+            options["actor"],
+            options["manifest"],
+            options["target"],
+            what_if_version=version,
+            mapping={key: pairs for key, pairs in mapping.items() if pairs} or None,
+            enqueue=False,
+        )
+        # Run here rather than on a worker: the operator waits for the verdict.
+        done = load_run_execute(run.pk)
+        assert done is not None
+        if done.record is None:
+            raise CommandError(f"the what-if run failed: {(done.error or {}).get('detail')}")
+        if options["json"]:
+            self.stdout.write(json.dumps(done.record, indent=2, ensure_ascii=False))
+            return
+        record = done.record
+        verdict = "passes every bound" if record["passed"] else "FAILS"
+        self.stdout.write(
+            f"What-if {version} on {done.manifest_name} → {done.target}: {verdict} "
+            f"(kept as load run {done.pk})."
+        )
+        for section, pairs in record["whatIf"]["mapping"].items():
+            shown = ", ".join(f"{source} → {target}" for source, target in pairs.items())
+            self.stdout.write(f"  {section}: {shown}")
+        for comparison in record["comparisons"]:
+            mark = "pass" if comparison["pass"] else "FAIL"
+            self.stdout.write(
+                f"  {mark}  {comparison['bound']}: observed {comparison['observed']}, "
+                f"limit {comparison['limit']}"
+            )
+
     def _history(self, options: dict[str, Any]) -> None:
         workspace = _workspace(options["workspace"])
         access.require(options["actor"], access.VIEW, workspace)
@@ -187,10 +252,11 @@ class Command(BaseCommand):
             if options["json"]:
                 self.stdout.write(json.dumps(record.to_dict(), sort_keys=True))
             else:
+                reason = record.rollback_request.reason if record.rollback_request else ""
                 self.stdout.write(
                     f"{record.at.isoformat()}\t{record.kind}\t"
                     f"{record.previous_profile_version or '-'} -> {record.profile_version}\t"
-                    f"{record.digest}\t{record.actor}"
+                    f"{record.digest}\t{record.actor}" + (f"\t{reason}" if reason else "")
                 )
 
 
@@ -207,6 +273,16 @@ def _workspace_and_user(parser: CommandParser) -> None:
 def _version_and_user(parser: CommandParser) -> None:
     _workspace_and_user(parser)
     parser.add_argument("--version", required=True, metavar="LABEL", help="The profileVersion.")
+
+
+def _pairs(given: list[str], option: str) -> dict[str, str]:
+    pairs = {}
+    for item in given:
+        source, sep, target = item.partition("=")
+        if not sep or not source or not target:
+            raise CommandError(f"{option} takes MANIFEST_ID=PROFILE_ID, got {item!r}")
+        pairs[source] = target
+    return pairs
 
 
 def _workspace(key: str) -> Workspace:

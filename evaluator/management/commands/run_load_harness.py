@@ -1,4 +1,5 @@
-"""``manage.py run_load_harness``: run a preregistered load manifest offline, on virtual time."""
+"""``manage.py run_load_harness``: run a preregistered load manifest offline on virtual time, or
+at real time against the deployment's staged provider (``--target staged-provider``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser, OutputWrapper
 
+from evaluator.deployment import AdapterConfigError, staged_endpoints, staged_window_seconds
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import LoadManifest, load_manifest
+from evaluator.harness.records import TARGET_STAGED
 from evaluator.harness.service import LOAD_TARGETS, evidence_path, run_manifest, write_record
+from evaluator.harness.staged_target import run_staged
+from evaluator.harness.target import Progress
 
 _BAR_WIDTH = 30
 
@@ -50,7 +55,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--manifest", required=True, help="path of a preregistered load manifest"
         )
-        parser.add_argument("--target", required=True, choices=sorted(LOAD_TARGETS))
+        parser.add_argument(
+            "--target", required=True, choices=[*sorted(LOAD_TARGETS), TARGET_STAGED]
+        )
+        parser.add_argument(
+            "--window-seconds",
+            type=float,
+            help="staged-provider only: seconds of the timeline to run at real time "
+            "(default: SLUICE_STAGED_PROVIDER.windowSeconds)",
+        )
         parser.add_argument("--output", help="also write the record to this file")
         parser.add_argument(
             "--write-evidence",
@@ -65,6 +78,10 @@ class Command(BaseCommand):
         if options["output"]:
             destinations.append(Path(options["output"]))
         if options["write_evidence"]:
+            if target == TARGET_STAGED:
+                raise CommandError(
+                    "--write-evidence keeps offline records; write a staged record with --output"
+                )
             destinations.append(evidence_path(settings.BASE_DIR / "evidence", manifest, target))
         # With nowhere else to go, the record is the command's output and the summary steps aside.
         summary_out = self.stdout if destinations else OutputWrapper(sys.stderr)
@@ -73,8 +90,8 @@ class Command(BaseCommand):
         if summary_out.isatty():
             progress = _ProgressBar(summary_out, f"{target} {manifest.version}")
         try:
-            record = run_manifest(manifest, target, progress)
-        except LoadHarnessError as error:
+            record = self._run(manifest, target, options["window_seconds"], progress)
+        except (LoadHarnessError, AdapterConfigError) as error:
             raise CommandError(str(error)) from error
         finally:
             if progress is not None:
@@ -85,6 +102,21 @@ class Command(BaseCommand):
         self._summarise(summary_out, record, destinations)
         if not destinations:
             self.stdout.write(json.dumps(record, indent=2, ensure_ascii=False))
+
+    def _run(
+        self,
+        manifest: LoadManifest,
+        target: str,
+        window_seconds: float | None,
+        progress: Progress | None,
+    ) -> dict[str, Any]:
+        if target != TARGET_STAGED:
+            if window_seconds is not None:
+                raise CommandError("--window-seconds is for --target staged-provider only")
+            return run_manifest(manifest, target, progress)
+        endpoints = staged_endpoints(sorted(manifest.section("providers")))
+        window = staged_window_seconds() if window_seconds is None else window_seconds
+        return run_staged(manifest, endpoints, window, progress)
 
     def _manifest(self, given: str) -> LoadManifest:
         path = Path(given)
@@ -108,7 +140,8 @@ class Command(BaseCommand):
         resources = record["resources"]
         out.write(
             f"{record['target']} · {record['mode']} · {manifest['schema']} {manifest['version']} "
-            f"({manifest['digest'][:19]}…) · {record['window']['seconds']} virtual s"
+            f"({manifest['digest'][:19]}…) · {record['window']['seconds']} "
+            f"{'real' if record['mode'] == TARGET_STAGED else 'virtual'} s"
         )
         out.write(
             f"arrivals {observed['arrivals']}  attempts {observed['attempts']}  "

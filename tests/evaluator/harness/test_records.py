@@ -14,6 +14,7 @@ from evaluator.harness.records import (
     FLAG_QUALIFIED,
     MODE_OFFLINE,
     MODE_STAGED,
+    TARGET_STAGED,
     build_record,
     evidence_flags,
     verify_record,
@@ -125,22 +126,24 @@ def test_CNC_LOAD_003_offline_evidence_never_promotes_g5(manifest_v2):
 
 
 def test_CNC_LOAD_004_a_passing_staged_record_qualifies(manifest_v2):
-    staged = _record(manifest_v2, mode=MODE_STAGED)
+    staged = _record(manifest_v2, mode=MODE_STAGED, target=TARGET_STAGED)
     offline = _record(manifest_v2)
     assert evidence_flags([offline, staged]) == {FLAG_OFFLINE_PASSED: True, FLAG_QUALIFIED: True}
     assert evidence_flags([staged]) == {FLAG_OFFLINE_PASSED: False, FLAG_QUALIFIED: True}
 
 
 def test_CNC_LOAD_004_a_failing_staged_record_disqualifies_the_set(manifest_v2):
-    staged = _record(manifest_v2, mode=MODE_STAGED)
-    failing = _record(manifest_v2, mode=MODE_STAGED, quietPrincipalAdmissionRatio=0.5)
+    staged = _record(manifest_v2, mode=MODE_STAGED, target=TARGET_STAGED)
+    failing = _record(
+        manifest_v2, mode=MODE_STAGED, target=TARGET_STAGED, quietPrincipalAdmissionRatio=0.5
+    )
     assert failing["passed"] is False
     flags = evidence_flags([_record(manifest_v2), staged, failing])
     assert flags == {FLAG_OFFLINE_PASSED: True, FLAG_QUALIFIED: False}
 
 
 def test_CNC_LOAD_004_a_tampered_staged_record_disqualifies_the_set(manifest_v2):
-    staged = _record(manifest_v2, mode=MODE_STAGED)
+    staged = _record(manifest_v2, mode=MODE_STAGED, target=TARGET_STAGED)
     tampered = copy.deepcopy(staged)
     tampered["resources"]["cpuPercentOneCore"] = 1.0
     assert evidence_flags([staged, tampered])[FLAG_QUALIFIED] is False

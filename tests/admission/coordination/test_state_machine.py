@@ -1,0 +1,294 @@
+"""Random interleavings of several processes against one real Redis never break a promise.
+
+Three coordinators with registries of their own (as three processes would have) acquire,
+release, cancel, forget budgets and crash in any order. After every step the shared state is
+read back from Redis and checked: no scope above its concurrency or share, no reservation taken
+by others, no budget overspent, counters equal to the leases and waiters really held, every
+lease of a live process known to that process, and a request refused at once consumed nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+from collections import Counter
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from admission.core import AdmissionRejected, CancelSignal, Profile
+from tests.admission.coordination.conftest import (
+    SHARED_REDIS,
+    WORKSPACE,
+    Deployment,
+    _reachable,
+    request,
+)
+
+PROFILE = {
+    "profileVersion": "machine-v1",
+    "workspace": {
+        "concurrency": 4,
+        "maxQueueLength": 8,
+        "maxQueueWaitMs": 400,
+        "maxTokens": 3000,
+    },
+    "providers": {
+        "p1": {"concurrency": 3, "requestsPerMinute": 1200, "maxPrincipalShare": 0.7},
+        "p2": {
+            "concurrency": 2,
+            "tokensPerSecond": 600,
+            "circuitBreaker": {"failureThreshold": 2, "openMs": 150, "halfOpenMaxCalls": 1},
+        },
+    },
+    "principals": {
+        "alice": {"concurrency": 2, "maxAttempts": 4},
+        "bob": {"concurrency": 2, "reservedConcurrency": 1},
+        "carol": {"concurrency": 3, "maxQueueLength": 3},
+    },
+}
+PRINCIPALS = ("alice", "bob", "carol")
+PROVIDERS = ("p1", "p2")
+
+
+class CoordinatedAdmission(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.deployment = Deployment(SHARED_REDIS)
+        self.profile = Profile.from_dict(PROFILE, workspace_id=WORKSPACE)
+        self.processes = [
+            self.deployment.process(lease_ttl_ms=900, heartbeat_ms=100) for _ in range(3)
+        ]
+        self.deployment.register(self.profile)
+        self.alive = [True, True, True]
+        self.leases: list[tuple[int, Any]] = []
+        self.waiting: list[tuple[int, asyncio.Task[Any], CancelSignal]] = []
+        self.redis = self.deployment.client
+
+    # ------------------------------------------------------------------ helpers
+
+    def spin(self, seconds: float = 0.005) -> None:
+        self.loop.run_until_complete(asyncio.sleep(seconds))
+
+    def settle(self) -> None:
+        async def all_writes() -> None:
+            for index, process in enumerate(self.processes):
+                if self.alive[index]:
+                    await process.coordinator.settle()
+
+        try:
+            self.loop.run_until_complete(asyncio.wait_for(all_writes(), 20))
+        except TimeoutError:
+            stuck = [t for p in self.processes for t in p.coordinator._background]
+            raise AssertionError(f"writes did not settle: {stuck}") from None
+        self.collect()
+
+    def collect(self) -> None:
+        """Move finished waiters to leases (granted) or drop them (refused)."""
+        still = []
+        for index, task, signal in self.waiting:
+            if not task.done():
+                still.append((index, task, signal))
+            elif task.exception() is None:
+                self.leases.append((index, task.result()))
+            else:
+                assert isinstance(task.exception(), AdmissionRejected), task.exception()
+        self.waiting = still
+
+    def consumable_state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {}
+        for key in self.deployment.stored_keys():
+            if ":s:" in key:
+                fields = self.redis.hgetall(key)
+                state[key] = {f: fields[f] for f in ("a", "rl", "tl", "h", "bs") if f in fields}
+            elif ":b:" in key:
+                state[key] = self.redis.hgetall(key)
+        return state
+
+    # -------------------------------------------------------------------- rules
+
+    @rule(
+        process=st.integers(0, 2),
+        principal=st.sampled_from(PRINCIPALS),
+        provider=st.sampled_from(PROVIDERS),
+        tokens=st.sampled_from([None, 0, 50, 400, 700]),
+        budget=st.sampled_from(["b1", "b2", "b3"]),
+    )
+    def acquire(
+        self, process: int, principal: str, provider: str, tokens: int | None, budget: str
+    ) -> None:
+        if not self.alive[process]:
+            return
+        self.settle()
+        quiet = not self.waiting and all(self.alive)
+        before = self.consumable_state() if quiet else None
+        signal = CancelSignal()
+        controller = self.processes[process].controller()
+        item = request(principal, provider, budget, signal=signal, tokens=tokens)
+        task = self.loop.create_task(controller.acquire(item))
+        for _ in range(200):
+            if task.done() or any(
+                w.ticket.request is item and w.state == "queued"
+                for w in self.processes[process].coordinator.waiters.values()
+            ):
+                break
+            self.spin()
+        if task.done() and task.exception() is not None:
+            refusal = task.exception()
+            assert isinstance(refusal, AdmissionRejected)
+            if before is not None and refusal.reason != "queue-timeout":
+                # Refused at once: nothing that admission consumes has moved.
+                assert self.consumable_state() == before, refusal.reason
+            return
+        self.waiting.append((process, task, signal))
+        self.collect()
+
+    @rule(data=st.data(), outcome=st.sampled_from([True, False, None, "retry"]))
+    def release(self, data: st.DataObject, outcome: Any) -> None:
+        self.collect()
+        live = [i for i, (p, _) in enumerate(self.leases) if self.alive[p]]
+        if not live:
+            return
+        index = data.draw(st.sampled_from(live))
+        _, lease = self.leases.pop(index)
+        if outcome == "retry":
+            lease.release(success=False, retry_after_ms=30)
+        else:
+            lease.release(success=outcome, actual_tokens=10)
+        self.settle()
+
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        self.collect()
+        live = [i for i, (p, _, _) in enumerate(self.waiting) if self.alive[p]]
+        if not live:
+            return
+        _, task, signal = self.waiting[data.draw(st.sampled_from(live))]
+        signal.cancel()
+        for _ in range(200):
+            if task.done():
+                break
+            self.spin()
+        self.collect()
+
+    @rule(budget=st.sampled_from(["b1", "b2", "b3"]))
+    def forget_budget(self, budget: str) -> None:
+        if self.alive[0]:
+            self.processes[0].controller().release_budget(budget)
+            self.settle()
+
+    @rule(process=st.integers(0, 2))
+    def crash(self, process: int) -> None:
+        """The process dies: it stops renewing and answering; its Python objects are gone."""
+        if not self.alive[process] or sum(self.alive) == 1:
+            return
+        coordinator = self.processes[process].coordinator
+        for task in coordinator._tasks:
+            task.cancel()
+        self.alive[process] = False
+        for index, task, _ in self.waiting:
+            if index == process:
+                task.cancel()
+        self.spin(0.01)
+        self.waiting = [entry for entry in self.waiting if entry[0] != process]
+        self.leases = [entry for entry in self.leases if entry[0] != process]
+        # Its lease lapses now rather than after the TTL, so the test needs no long wait.
+        self.redis.zadd(f"{self.deployment.prefix}:procs", {coordinator.process_id: 0})
+
+    @rule(ms=st.sampled_from([5, 40, 160]))
+    def time_passes(self, ms: int) -> None:
+        self.spin(ms / 1000)
+        self.collect()
+
+    # --------------------------------------------------------------- invariants
+
+    @invariant()
+    def shared_state_keeps_every_promise(self) -> None:
+        self.settle()
+        leases = {k: json.loads(v) for k, v in self.redis.hgetall(self.deployment.key("L")).items()}
+        waiters = {
+            k: json.loads(v) for k, v in self.redis.hgetall(self.deployment.key("W")).items()
+        }
+        live_procs = {self.processes[i].coordinator.process_id for i in range(3) if self.alive[i]}
+        active: Counter[str] = Counter()
+        for lease in leases.values():
+            for scope in self.scopes_of(lease):
+                active[scope] += 1
+        queued: Counter[str] = Counter()
+        for waiter in waiters.values():
+            for scope in self.scopes_of(waiter):
+                queued[scope] += 1
+        dead_holdings = any(item["proc"] not in live_procs for item in leases.values()) or any(
+            item["proc"] not in live_procs for item in waiters.values()
+        )
+        for scope in set(active) | set(queued) | self.stored_scopes():
+            stored = self.redis.hgetall(self.deployment.key(f"s:{scope}"))
+            # Counters are exactly what is held: nothing leaked, nothing lost.
+            assert int(stored.get("a", 0)) == active[scope], (scope, stored, active[scope])
+            assert int(stored.get("q", 0)) == queued[scope], (scope, stored, queued[scope])
+        profile = self.profile
+        for principal, limits in profile.principals.items():
+            assert active[f"P:{principal}"] <= limits.concurrency
+        assert active["W"] <= profile.workspace.concurrency
+        for provider, limits in profile.providers.items():
+            assert active[f"V:{provider}"] <= limits.concurrency
+            share = limits.max_principal_share
+            for principal in profile.principals:
+                pair = active[f"X:{len(provider)}:{provider}{principal}"]
+                if share is not None:
+                    assert pair <= max(1, math.floor(share * limits.concurrency))
+        # Bob's reserved permit is never taken by the others.
+        others = active["W"] - min(active["P:bob"], 1)
+        assert others <= profile.workspace.concurrency - 1
+        for key in self.deployment.stored_keys():
+            if ":b:" in key:
+                used = self.redis.hgetall(key)
+                assert float(used.get("W" + "t", 0)) <= 3000
+                assert float(used.get(f"P{len('alice')}:alice" + "a", 0)) <= 4
+        # Every lease of a live process is one that process holds (none lost, none invented).
+        for index in range(3):
+            if not self.alive[index]:
+                continue
+            mine = {
+                k
+                for k, v in leases.items()
+                if v["proc"] == self.processes[index].coordinator.process_id
+            }
+            held = set(self.processes[index].coordinator.leases)
+            assert mine == held, (mine, held)
+        if not dead_holdings:
+            assert len(leases) == sum(1 for p, _ in self.leases if self.alive[p])
+
+    def scopes_of(self, item: dict[str, Any]) -> list[str]:
+        pid, prov = item["pid"], item["prov"]
+        return [f"P:{pid}", "W", f"V:{prov}", f"X:{len(prov)}:{prov}{pid}"]
+
+    def stored_scopes(self) -> set[str]:
+        marker = self.deployment.key("s:")
+        return {k[len(marker) :] for k in self.deployment.stored_keys() if k.startswith(marker)}
+
+    def teardown(self) -> None:
+        for _index, _task, signal in self.waiting:
+            signal.cancel()
+        try:
+            self.loop.run_until_complete(self.deployment.close())
+        finally:
+            self.loop.close()
+            self.deployment.cleanup()
+
+
+@pytest.mark.skipif(not _reachable(SHARED_REDIS), reason=f"needs Redis at {SHARED_REDIS}")
+def test_coordinated_admission_state_machine() -> None:
+    machine = settings(
+        max_examples=int(os.environ.get("SLUICE_MACHINE_EXAMPLES", "20")),
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )(CoordinatedAdmission)
+    machine.TestCase().runTest()
