@@ -221,6 +221,7 @@ def test_version_actions_for_a_full_operator(workspace, proposer):
         "reject_selected",
         "activate_selected",
         "request_rollback",
+        "run_what_if",
     ]
 
 

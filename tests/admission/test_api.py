@@ -378,16 +378,22 @@ def test_openapi_advertises_only_request_bodies_that_work(client, workspace, mem
     bodies = {
         path: set(operation["post"]["requestBody"]["content"])
         for path, operation in schema["paths"].items()
-        if "post" in operation
+        if "post" in operation and "requestBody" in operation["post"]
     }
-    # An evaluation is nested JSON: only JSON is advertised, and a form body is a typed 415.
-    assert bodies["/api/workspaces/{workspace_key}/evaluations/"] == {"application/json"}
-    # A profile document travels as one JSON field, which a form can carry too.
-    assert "multipart/form-data" in bodies["/api/workspaces/{workspace_key}/profiles/"]
+    # Every document is nested JSON, parsed by the one bounded JSON parser: only JSON is
+    # advertised, and a form body is a typed 415.
+    assert bodies == {
+        "/api/workspaces/{workspace_key}/evaluations/": {"application/json"},
+        "/api/workspaces/{workspace_key}/profiles/": {"application/json"},
+        "/api/workspaces/{workspace_key}/load-runs/": {"application/json"},
+    }
+    # The token endpoint takes no body: HTTP Basic proves who asks.
+    assert "requestBody" not in schema["paths"]["/api/auth/token/"]["post"]
     client.force_login(member)
-    refused = client.post("/api/workspaces/acme/evaluations/", {"ruleset": "{}"})
-    assert refused.status_code == 415
-    assert refused.json()["error"]["type"] == "unsupported_media_type"
+    for url in ("/api/workspaces/acme/evaluations/", "/api/workspaces/acme/profiles/"):
+        refused = client.post(url, {"document": "{}"})
+        assert refused.status_code == 415
+        assert refused.json()["error"]["type"] == "unsupported_media_type"
 
 
 def test_docs_ui_is_served_without_a_cdn(client, member):
