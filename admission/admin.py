@@ -1,7 +1,9 @@
 """Admin workflow for profiles: propose, decide, activate, roll back; audit rows read-only.
 
 Every write goes through `admission.services` (what-if runs through `evaluator.services`); the
-admin only renders forms and reports.
+admin only renders forms and reports. Every list, page, action and form shows and offers only the
+workspaces the signed-in user belongs to, with the role the act needs (`admission.access`);
+workspaces and their memberships are managed by superusers.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, TypeVar
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.auth.models import User
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -27,7 +29,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from admission import selectors, services
+from admission import access, selectors, services
 from admission.core import InvalidProfileError
 from admission.forms import (
     ProfileDecisionForm,
@@ -45,20 +47,18 @@ from admission.models import (
     ProfileVersion,
     RollbackRequest,
     Workspace,
+    WorkspaceMembership,
 )
 from admission.profile_diff import LimitRow, limits_diff
 from evaluator import selectors as evaluator_selectors
 from evaluator.models import LoadRun
-from evaluator.services import LOAD_RUN_PERMISSION, RunServiceError, load_run_submit
-
-APPROVE_PERMISSION = "admission.approve_profileversion"
-ACTIVATE_PERMISSION = "admission.activate_profileversion"
+from evaluator.services import RunServiceError, load_run_submit
 
 
-def _operator(request: HttpRequest) -> User:
+def _operator(request: HttpRequest) -> Any:
     """The signed-in admin user; the admin site only lets authenticated staff this far."""
     user = request.user
-    if not isinstance(user, User):
+    if not isinstance(user, get_user_model()):
         raise PermissionDenied
     return user
 
@@ -121,18 +121,51 @@ class ReadOnlyAdminMixin(NoEditAdminMixin):
         return False
 
 
-class WorkflowPermissionsMixin:
-    """The custom permissions that guard the workflow actions."""
+class WorkspaceScopedAdminMixin:
+    """Rows of the workspaces the signed-in user may view, and nothing else.
+
+    `workspace_lookup` is the path from a row to its workspace; `add_act` the act that adding a
+    row needs (None: rows are never added here). An action offered because the user may do its
+    act somewhere is still checked per row by the service it calls.
+    """
+
+    workspace_lookup = "workspace"
+    add_act: str | None = None
+
+    def scope(self, queryset: QuerySet[Any], request: HttpRequest) -> QuerySet[Any]:
+        visible = access.workspaces_for(request.user, access.VIEW)
+        return queryset.filter(**{f"{self.workspace_lookup}__in": visible})
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return self.scope(super().get_queryset(request), request)  # type: ignore[misc]
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return _may_anywhere(request, access.VIEW)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if obj is None:
+            return _may_anywhere(request, access.VIEW)
+        return self.get_queryset(request).filter(pk=obj.pk).exists()
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.add_act is not None and _may_anywhere(request, self.add_act)
 
     def has_approve_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(APPROVE_PERMISSION)
+        return _may_anywhere(request, access.APPROVE)
 
     def has_activate_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(ACTIVATE_PERMISSION)
+        return _may_anywhere(request, access.ACTIVATE)
 
     def has_what_if_permission(self, request: HttpRequest) -> bool:
-        # A what-if run is a load run: the same staff permission starts both.
-        return bool(request.user.is_staff and request.user.has_perm(LOAD_RUN_PERMISSION))
+        # A what-if run is a load run: the act that starts one starts the other.
+        return _may_anywhere(request, access.RUN_LOAD)
+
+
+def _may_anywhere(request: HttpRequest, act: str) -> bool:
+    return access.workspaces_for(request.user, act).exists()
+
+
+WORKSPACE_FILTER = ("workspace", admin.RelatedOnlyFieldListFilter)
 
 
 def _run_per_object(
@@ -145,7 +178,12 @@ def _run_per_object(
     for obj in objects:
         try:
             done = operation(obj)
-        except (services.ProfileServiceError, InvalidProfileError, RunServiceError) as error:
+        except (
+            services.ProfileServiceError,
+            InvalidProfileError,
+            RunServiceError,
+            access.AccessDenied,
+        ) as error:
             message = str(error)
             if isinstance(error, RunServiceError) and error.field:
                 message = f"{error.field}: {message}"
@@ -285,11 +323,23 @@ class ProfileApprovalInline(admin.TabularInline):
         return False
 
 
+class WorkspaceMembershipInline(admin.TabularInline):
+    model = WorkspaceMembership
+    extra = 0
+    fields = ("user", "role")
+    autocomplete_fields = ("user",)
+    verbose_name = "member"
+    verbose_name_plural = "members and their roles (admission.access)"
+
+
 @admin.register(Workspace)
 class WorkspaceAdmin(admin.ModelAdmin):
+    """Workspaces and who holds which role in them: superusers only, recorded in the admin's
+    change log."""
+
     list_display = ("key", "name", "current_profile", "created_at")
     search_fields = ("key", "name")
-    filter_horizontal = ("members",)
+    inlines = (WorkspaceMembershipInline,)
 
     class Media:
         css = {"all": ("admission/review.css",)}
@@ -299,6 +349,18 @@ class WorkspaceAdmin(admin.ModelAdmin):
         if obj is None:
             return ("created_at",)
         return ("key", "created_at", "current_profile", "current_profile_document")
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.is_active and request.user.is_superuser)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_module_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self.has_module_permission(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self.has_module_permission(request)
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -334,7 +396,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
 
 
 @admin.register(ProfileVersion)
-class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.ModelAdmin):
+class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.ModelAdmin):
     list_display = (
         "profile_version",
         "workspace",
@@ -343,7 +405,7 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.Mode
         "created_at",
         "short_profile_digest",
     )
-    list_filter = ("workspace", "created_at")
+    list_filter = (WORKSPACE_FILTER, "created_at")
     search_fields = ("profile_version", "workspace__key")
     readonly_fields = (
         "workspace",
@@ -367,12 +429,13 @@ class ProfileVersionAdmin(WorkflowPermissionsMixin, NoEditAdminMixin, admin.Mode
         "request_rollback",
         "run_what_if",
     )
+    add_act = access.PROPOSE
 
     class Media:
         css = {"all": ("admission/review.css",)}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProfileVersion]:
-        return selectors.profile_version_queryset()
+        return self.scope(selectors.profile_version_queryset(), request)
 
     @admin.display(description="status")
     def status(self, obj: ProfileVersion) -> str:
@@ -589,7 +652,7 @@ def _review_html(review: VersionReview) -> SafeString:
 
 
 @admin.register(RollbackRequest)
-class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+class RollbackRequestAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "workspace",
         "target",
@@ -599,7 +662,7 @@ class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.M
         "created_at",
         "decided_at",
     )
-    list_filter = ("status", "workspace")
+    list_filter = ("status", WORKSPACE_FILTER)
     list_select_related = ("workspace", "target__workspace", "requested_by", "decided_by")
     readonly_fields = (
         "workspace",
@@ -658,9 +721,15 @@ class RollbackRequestAdmin(WorkflowPermissionsMixin, ReadOnlyAdminMixin, admin.M
 
 
 @admin.register(ProfileApproval)
-class ProfileApprovalAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ProfileApprovalAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
+    workspace_lookup = "version__workspace"
     list_display = ("version", "decision", "approver", "proposed_by", "runbook", "decided_at")
-    list_filter = ("decision", "runbook", "version__workspace", "decided_at")
+    list_filter = (
+        "decision",
+        "runbook",
+        ("version__workspace", admin.RelatedOnlyFieldListFilter),
+        "decided_at",
+    )
     list_select_related = ("version__workspace", "approver", "proposed_by")
     search_fields = ("version__profile_version", "version__workspace__key")
     readonly_fields = (
@@ -677,7 +746,7 @@ class ProfileApprovalAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(ProfileChangeRecord)
-class ProfileChangeRecordAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     # Compact columns, so digest, actor and approval stay readable beside both sidebars at 1280 px.
     list_display = (
         "when",
@@ -690,7 +759,7 @@ class ProfileChangeRecordAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "rollback_reason",
     )
     list_display_links = ("when",)
-    list_filter = ("kind", "workspace")
+    list_filter = ("kind", WORKSPACE_FILTER)
     list_select_related = (
         "workspace",
         "actor",

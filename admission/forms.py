@@ -8,12 +8,13 @@ import re
 from typing import Any
 
 from django import forms
-from django.contrib.auth.models import AnonymousUser, User
+from django.conf import settings
 from django.urls import reverse
 
-from admission import selectors, services
+from admission import access, selectors, services
 from admission.core import InvalidProfileError, Profile
 from admission.models import RUNBOOK_ID, Workspace
+from config.untrusted_json import UntrustedJSONError, load_untrusted_json
 from evaluator import qualification
 
 MONOSPACE = (
@@ -23,13 +24,14 @@ MONOSPACE = (
 
 
 def parse_json_object(text: str, what: str) -> dict[str, Any]:
-    """`text` as a JSON object, else a form error naming where the JSON broke or what it was."""
+    """`text` as a JSON object, else a form error naming where the JSON broke or what it was.
+
+    The same bounds as the API's parser: nesting depth, no NUL or lone surrogate, finite numbers.
+    """
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise forms.ValidationError(
-            f"not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
-        ) from error
+        document = load_untrusted_json(text, max_depth=settings.SLUICE_MAX_JSON_DEPTH)
+    except UntrustedJSONError as error:
+        raise forms.ValidationError(str(error)) from None
     if not isinstance(document, dict):
         raise forms.ValidationError(f"the {what} must be a JSON object")
     return document
@@ -51,10 +53,10 @@ class ProfileProposeForm(forms.Form):
         help_text="The whole profile: profileVersion, workspace, providers, principals.",
     )
 
-    def __init__(self, *args: Any, user: User | AnonymousUser, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["workspace"].queryset = selectors.workspace_list_for_user(  # type: ignore[attr-defined]
-            user=user, permission="admission.view_workspace"
+            user=user, act=access.PROPOSE
         )
         self.profile: Profile | None = None
 

@@ -59,7 +59,10 @@ class Workspace(models.Model):
     )
     name = models.CharField(max_length=200)
     members = models.ManyToManyField(
-        settings.AUTH_USER_MODEL, related_name="admission_workspaces", blank=True
+        settings.AUTH_USER_MODEL,
+        through="WorkspaceMembership",
+        related_name="admission_workspaces",
+        blank=True,
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -68,6 +71,32 @@ class Workspace(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class WorkspaceMembership(models.Model):
+    """A user's role in one workspace; `admission.access` says what each role may do."""
+
+    class Role(models.TextChoices):
+        VIEWER = "viewer", "Viewer: reads the workspace"
+        MEMBER = "member", "Member: also submits evaluations"
+        PROPOSER = "proposer", "Proposer: also proposes profile versions"
+        APPROVER = "approver", "Approver: also approves and rejects (others' work only)"
+        OPERATOR = "operator", "Operator: also activates, requests rollbacks, runs load tests"
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="workspace_memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        # The table the plain many-to-many relation had before roles existed.
+        db_table = "admission_workspace_members"
+        unique_together = (("workspace", "user"),)
+        ordering = ("workspace", "user")
+
+    def __str__(self) -> str:
+        return f"{self.user} is {self.role} of {self.workspace}"
 
 
 class ProfileVersion(AppendOnlyModel):
@@ -139,7 +168,11 @@ class ProfileApproval(AppendOnlyModel):
 
 
 class RollbackRequest(models.Model):
-    """A request to activate an earlier version again; it needs a second person's approval."""
+    """A request to activate an earlier version again; it needs a second person's approval.
+
+    Pending rows are decided once (a PostgreSQL trigger refuses any other change and every
+    delete); decided rows never change again.
+    """
 
     class Status(models.TextChoices):
         PENDING = "pending", "Pending"

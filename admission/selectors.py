@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Subquery
 
+from admission import access
 from admission.models import (
     ProfileApproval,
     ProfileChangeRecord,
@@ -21,29 +22,24 @@ if TYPE_CHECKING:
     Caller = User | AnonymousUser
 
 
-def workspace_list_for_user(*, user: Caller, permission: str | None = None) -> QuerySet[Workspace]:
-    """Workspaces `user` belongs to, with `current_profile_version`; staff holding `permission`
-    see every workspace."""
+def workspace_list_for_user(*, user: Caller, act: str = access.VIEW) -> QuerySet[Workspace]:
+    """Workspaces where `user` may do `act` (`admission.access`), with
+    `current_profile_version`."""
     current = (
         ProfileChangeRecord.objects.filter(workspace=OuterRef("pk"))
         .order_by("-id")
         .values("profile_version")[:1]
     )
-    workspaces = Workspace.objects.annotate(current_profile_version=Subquery(current)).order_by(
-        "key"
+    return (
+        access.workspaces_for(user, act)
+        .annotate(current_profile_version=Subquery(current))
+        .order_by("key")
     )
-    if not user.is_authenticated:
-        return workspaces.none()
-    if user.is_staff and permission is not None and user.has_perm(permission):
-        return workspaces
-    return workspaces.filter(members=user)
 
 
-def workspace_get_for_user(
-    *, user: Caller, key: str, permission: str | None = None
-) -> Workspace | None:
-    """One visible workspace by key, or None (callers answer 404 either way)."""
-    return workspace_list_for_user(user=user, permission=permission).filter(key=key).first()
+def workspace_get_for_user(*, user: Caller, key: str, act: str = access.VIEW) -> Workspace | None:
+    """One workspace by key where `user` may do `act`, or None (callers answer 404 either way)."""
+    return workspace_list_for_user(user=user, act=act).filter(key=key).first()
 
 
 def workspace_get(*, key: str) -> Workspace | None:

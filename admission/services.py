@@ -1,8 +1,10 @@
 """The only write path for profiles: propose, decide, activate, roll back.
 
 Each service validates with the core, writes in one transaction and leaves an audit row.
-Failures are typed (`ProfileServiceError` subclasses, or the core's `InvalidProfileError`),
-so every interface can turn them into a form error, a 400, or a CommandError.
+Every service first asks `admission.access` whether its actor may do this in the workspace and
+raises `access.AccessDenied` (a 403, an admin message, a CommandError) if not. Other failures are
+typed (`ProfileServiceError` subclasses, or the core's `InvalidProfileError`), so every interface
+can turn them into a form error, a 400, or a CommandError.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from admission import runtime, selectors
+from admission import access, runtime, selectors
 from admission.core import InvalidProfileError, Profile, ProfileConflictError
 from admission.models import (
     RUNBOOK_ID,
@@ -155,6 +157,7 @@ def profile_version_propose(
     exists with other limits, and `ProfileVersionDuplicate` when the same limits were already
     proposed under this label.
     """
+    access.require(proposed_by, access.PROPOSE, workspace)
     profile = profile_document_check(workspace, document)
     existing = selectors.profile_version_get(workspace=workspace, label=profile.profile_version)
     if existing is not None:
@@ -199,6 +202,7 @@ def profile_version_approve(
     comment: str = "",
 ) -> ProfileApproval:
     """Approve under RUN-JEV-ADMISSION-v1: every checklist item confirmed, approver ≠ proposer."""
+    access.require(approver, access.APPROVE, version.workspace)
     missing = [key for key, _ in RUNBOOK_CHECKLIST if checklist.get(key) is not True]
     if missing:
         raise ProfileApprovalError(
@@ -223,6 +227,7 @@ def profile_version_reject(
     comment: str,
 ) -> ProfileApproval:
     """Reject a version; the comment says why and is required."""
+    access.require(approver, access.APPROVE, version.workspace)
     if not comment.strip():
         raise ProfileApprovalError("a rejection needs a comment saying why", field="comment")
     return _decide(
@@ -273,6 +278,7 @@ def profile_version_activate(*, version: ProfileVersion, actor: User) -> Profile
     processes. Re-activating an earlier version needs a rollback request instead.
     Raises `ProfileNotApproved` or `ProfileActivationConflict`.
     """
+    access.require(actor, access.ACTIVATE, version.workspace)
     return _activate(version=version, actor=actor, rollback_request=None)
 
 
@@ -284,6 +290,7 @@ def rollback_request_create(
     reason: str = "",
 ) -> RollbackRequest:
     """Ask to activate an earlier version again; a second person approves it."""
+    access.require(requested_by, access.ACTIVATE, workspace)
     if target.workspace_id != workspace.pk:
         raise RollbackRequestError(f"{target} does not belong to workspace {workspace.key}")
     if not selectors.profile_version_was_activated(version=target):
@@ -310,6 +317,7 @@ def rollback_request_approve(
     *, request: RollbackRequest, approver: User, comment: str = ""
 ) -> ProfileChangeRecord:
     """Approve a pending rollback and activate its target again (a `rollback` change record)."""
+    access.require(approver, access.APPROVE, request.workspace)
     if approver.pk == request.requested_by_id:
         raise RollbackRequestError(
             "a rollback must be approved by someone other than its requester"
@@ -323,6 +331,7 @@ def rollback_request_reject(
     *, request: RollbackRequest, approver: User, comment: str
 ) -> RollbackRequest:
     """Close a pending rollback request without activating anything."""
+    access.require(approver, access.APPROVE, request.workspace)
     if approver.pk == request.requested_by_id:
         raise RollbackRequestError("a rollback must be decided by someone other than its requester")
     if not comment.strip():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import secrets
 import statistics
 import sys
 import time
@@ -19,6 +20,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# A throwaway deployment on loopback: a key of its own, plain HTTP.
+os.environ.setdefault("DJANGO_SECRET_KEY", "benchmark-" + secrets.token_urlsafe(48))
+os.environ.setdefault("DJANGO_HTTPS", "0")
+# Figures of the view itself, not of the API's throttles.
+os.environ.setdefault("SLUICE_THROTTLE_USER", "off")
+os.environ.setdefault("SLUICE_THROTTLE_WORKSPACE", "off")
 
 import django
 

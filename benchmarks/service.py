@@ -14,6 +14,7 @@ import argparse
 import datetime as dt
 import logging
 import os
+import secrets
 import signal
 import sys
 import tempfile
@@ -23,6 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# A throwaway deployment on loopback: a key of its own, plain HTTP.
+os.environ.setdefault("DJANGO_SECRET_KEY", "benchmark-" + secrets.token_urlsafe(48))
+os.environ.setdefault("DJANGO_HTTPS", "0")
 
 import _pytest.outcomes
 import django

@@ -1,14 +1,25 @@
-"""One error shape for the REST API: `{"error": {"type", "detail", "fields"}}` plus DRF's fields."""
+"""One error shape for the REST API: `{"error": {"type", "detail", "fields"}}` plus DRF's fields.
+
+DRF's views answer through `exception_handler`; what happens outside them (a URL under /api/
+that matches no route, a server error, a body Django refused before a view ran) goes through
+the `handler*` views of `config.urls`, which answer the same shape under /api/ and Django's
+plain pages elsewhere.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.views import defaults
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
+
+from config.api_parsers import request_too_large
+
+API_PREFIX = "/api/"
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -16,7 +27,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
-        exc = exceptions.PermissionDenied()
+        exc = exceptions.PermissionDenied(str(exc) or None)
+    elif isinstance(exc, RequestDataTooBig):
+        exc = request_too_large()
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -27,3 +40,40 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     else:
         response.data = {"error": {"type": str(code), "fields": data}}
     return response
+
+
+def _typed(status: int, error_type: str, detail: str) -> JsonResponse:
+    return JsonResponse({"error": {"type": error_type, "detail": detail}}, status=status)
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith(API_PREFIX)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if isinstance(exception, RequestDataTooBig):
+        too_large = request_too_large()
+        if _is_api(request):
+            return _typed(too_large.status_code, "request_too_large", str(too_large.detail))
+        return HttpResponse(str(too_large.detail), status=too_large.status_code)
+    if _is_api(request):
+        return _typed(400, "bad_request", "The request could not be understood.")
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return _typed(403, "permission_denied", "You do not have permission to do this.")
+    return defaults.permission_denied(request, exception)
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    if _is_api(request):
+        return _typed(404, "not_found", "Not found.")
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    if _is_api(request):
+        return _typed(500, "server_error", "The server failed to answer; it has been logged.")
+    return defaults.server_error(request)

@@ -19,11 +19,17 @@ app = Celery("sluice")
 # Queue name and broker options come from config/settings.py (CELERY_* settings).
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
-if str(app.conf.broker_url).startswith("filesystem://"):
-    _folders = dict(app.conf.broker_transport_options or {})
-    for key in ("data_folder_in", "data_folder_out", "control_folder", "processed_folder"):
-        if key in _folders:
-            Path(_folders[key]).mkdir(parents=True, exist_ok=True)
+
+@app.on_after_configure.connect
+def _broker_folders(sender: Celery, **_: Any) -> None:
+    # Once the settings are read, not at import: importing `config` must not need them yet
+    # (the demo launcher, `python -m config.cli`, prepares the environment first).
+    if str(sender.conf.broker_url).startswith("filesystem://"):
+        options = dict(sender.conf.broker_transport_options or {})
+        for key in ("data_folder_in", "data_folder_out", "control_folder", "processed_folder"):
+            if key in options:
+                Path(options[key]).mkdir(parents=True, exist_ok=True)
+
 
 app.autodiscover_tasks()
 

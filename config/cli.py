@@ -10,6 +10,7 @@ CELERY_BROKER_URL switch it to PostgreSQL and Redis (or RabbitMQ), see docs/runn
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import shlex
@@ -29,6 +30,26 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DEFAULT_ADDR = "127.0.0.1:8000"
 STOP_GRACE_SECONDS = 15.0
 READY_TIMEOUT_SECONDS = 120.0
+
+
+def _demo_environment(addr: str) -> None:
+    """What the demo sets for itself and its children before Django reads the settings: a
+    per-deployment secret key under the var dir (unless DJANGO_SECRET_KEY is set), and plain
+    HTTP only while it listens on a loopback address."""
+    from config.env import secret_key_file_create
+
+    if not os.environ.get("DJANGO_SECRET_KEY"):
+        var_dir = Path(os.environ.get("SLUICE_VAR_DIR", BASE_DIR / "var"))
+        secret_key_file_create(var_dir / "secret-key")
+    if _is_loopback(addr.rsplit(":", 1)[0]):
+        os.environ.setdefault("DJANGO_HTTPS", "0")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _setup_django() -> None:
@@ -62,7 +83,13 @@ def demo_setup_command(args: argparse.Namespace) -> int:
 def _print_credentials(demo: Any) -> None:
     print(f"Demo workspace {demo.workspace!r}, active profile {demo.profile_version!r}.")
     for user in (demo.proposer, demo.approver):
-        print(f"  user {user.username:<14} password {user.password:<20} API token {user.token}")
+        password = user.password or "(shown once, when created)"
+        print(f"  user {user.username:<14} password {password:<20} API token {user.token}")
+    if demo.proposer.password is None:
+        print(
+            "  Passwords are shown only when the accounts are created; "
+            "`manage.py changepassword NAME` sets a new one."
+        )
 
 
 def _banner(demo: Any, addr: str, broker: str, database: str, *, show_credentials: bool) -> None:
@@ -274,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     setup.set_defaults(handler=demo_setup_command)
     _add_web_command(commands)
     args = parser.parse_args(argv)
+    _demo_environment(args.addr)
     return int(args.handler(args))
 
 

@@ -1,46 +1,34 @@
 """The demo deployment `make run` sets up: one workspace, a proposer and an approver, an active
-profile that went through propose → approve → activate, and API tokens. Idempotent."""
+profile that went through propose → approve → activate, and API tokens.
+
+Created once and never reset: accounts that exist are left exactly as an operator left them
+(password, staff status, roles). Passwords are random per deployment and shown once, when the
+accounts are created, unless `SLUICE_DEMO_FIXED_PASSWORDS` asks for the documented ones. Every
+run issues each demo user a fresh API token (tokens are stored as digests, so an old one cannot
+be shown again).
+"""
 
 from __future__ import annotations
 
 import copy
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Permission
 from django.db import connection, transaction
-from rest_framework.authtoken.models import Token
+from django.utils import timezone
+from knox.models import AuthToken
 
-from admission import selectors, services
-from admission.models import Workspace
+from admission import access, selectors, services
+from admission.models import Workspace, WorkspaceMembership
 
 WORKSPACE_KEY = "demo"
 PROPOSER = "demo-proposer"
 APPROVER = "demo-approver"
-# Demo-only credentials for a server bound to 127.0.0.1; printed by `make run`.
-PASSWORDS = {PROPOSER: "proposer-demo-pass", APPROVER: "approver-demo-pass"}
-
-PERMISSIONS = {
-    "admission": (
-        "add_profileversion",
-        "view_profileversion",
-        "approve_profileversion",
-        "activate_profileversion",
-        "view_profileapproval",
-        "view_profilechangerecord",
-        "add_rollbackrequest",
-        "view_rollbackrequest",
-        "view_workspace",
-    ),
-    "evaluator": (
-        "add_evaluationrun",
-        "view_evaluationrun",
-        "add_loadrun",
-        "view_loadrun",
-        "view_receipt",
-    ),
-}
+# Only with SLUICE_DEMO_FIXED_PASSWORDS, for a server bound to 127.0.0.1.
+FIXED_PASSWORDS = {PROPOSER: "proposer-demo-pass", APPROVER: "approver-demo-pass"}
 
 _PRINCIPAL_LIMITS = {
     "concurrency": 2,
@@ -80,14 +68,15 @@ def demo_profile(label: str = "demo-v1", **workspace_limits: Any) -> dict[str, A
 @dataclass(frozen=True)
 class DemoUser:
     username: str
-    password: str
+    # Only when the account was created by this run; None afterwards.
+    password: str | None
     token: str
 
 
 @dataclass(frozen=True)
 class Demo:
     workspace: str
-    profile_version: str
+    profile_version: str | None
     proposer: DemoUser
     approver: DemoUser
 
@@ -103,7 +92,7 @@ class Demo:
 
 
 def demo_setup() -> Demo:
-    """Create (or find) the demo workspace, users, tokens and active profile."""
+    """Create what is missing of the demo (never changing what exists) and issue tokens."""
     if connection.vendor == "sqlite":
         with connection.cursor() as cursor:
             # WAL lets the web server read while the worker writes; it sticks to the file.
@@ -112,36 +101,52 @@ def demo_setup() -> Demo:
         workspace, _ = Workspace.objects.get_or_create(
             key=WORKSPACE_KEY, defaults={"name": "Demo workspace"}
         )
-        users = {name: _user(name) for name in (PROPOSER, APPROVER)}
-        workspace.members.add(*users.values())
+        users: dict[str, Any] = {}
+        passwords: dict[str, str | None] = {}
+        for name in (PROPOSER, APPROVER):
+            users[name], passwords[name] = _user_once(name)
+            if passwords[name] is not None:
+                # A new account gets its demo role once; a removed role is not given back.
+                WorkspaceMembership.objects.get_or_create(
+                    workspace=workspace,
+                    user=users[name],
+                    defaults={"role": WorkspaceMembership.Role.OPERATOR},
+                )
     current = selectors.workspace_current_version(workspace=workspace)
     if current is None:
-        current = _activate_demo_profile(workspace, users[PROPOSER], users[APPROVER])
+        try:
+            current = _activate_demo_profile(workspace, users[PROPOSER], users[APPROVER])
+        except access.AccessDenied:
+            # An operator took the demo users' roles away; the demo does not take them back.
+            current = None
     return Demo(
         workspace=workspace.key,
-        profile_version=current.profile_version,
-        proposer=_demo_user(users[PROPOSER]),
-        approver=_demo_user(users[APPROVER]),
+        profile_version=current.profile_version if current is not None else None,
+        proposer=_demo_user(users[PROPOSER], passwords[PROPOSER]),
+        approver=_demo_user(users[APPROVER], passwords[APPROVER]),
     )
 
 
-def _user(username: str) -> Any:
+def _user_once(username: str) -> tuple[Any, str | None]:
+    """The user, and its password when this call created it."""
     user_model = get_user_model()
-    user, created = user_model.objects.get_or_create(username=username, defaults={"is_staff": True})
-    if created or not user.check_password(PASSWORDS[username]) or not user.is_staff:
-        user.is_staff = True
-        user.set_password(PASSWORDS[username])
-        user.save()
-    for app_label, codenames in PERMISSIONS.items():
-        user.user_permissions.add(
-            *Permission.objects.filter(content_type__app_label=app_label, codename__in=codenames)
-        )
-    return user
+    existing = user_model._default_manager.filter(username=username).first()
+    if existing is not None:
+        return existing, None
+    if settings.SLUICE_DEMO_FIXED_PASSWORDS:
+        password = FIXED_PASSWORDS[username]
+    else:
+        password = secrets.token_urlsafe(12)
+    user = user_model._default_manager.create_user(
+        username=username, password=password, is_staff=True
+    )
+    return user, password
 
 
-def _demo_user(user: Any) -> DemoUser:
-    token, _ = Token.objects.get_or_create(user=user)
-    return DemoUser(user.username, PASSWORDS[user.username], token.key)
+def _demo_user(user: Any, password: str | None) -> DemoUser:
+    AuthToken.objects.filter(user=user, expiry__lt=timezone.now()).delete()
+    _, token = AuthToken.objects.create(user=user)
+    return DemoUser(user.username, password, token)
 
 
 def _activate_demo_profile(workspace: Workspace, proposer: Any, approver: Any) -> Any:

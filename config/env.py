@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -151,3 +152,69 @@ def otlp_protocol(signal: str) -> str | None:
     name = f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL" if specific else "OTEL_EXPORTER_OTLP_PROTOCOL"
     # The specification's default; the Python SDK's own default differs by version.
     return env_choice(name, "http/protobuf", OTLP_PROTOCOLS)
+
+
+_RATE_PERIODS = ("s", "sec", "second", "m", "min", "minute", "h", "hour", "d", "day")
+
+
+def env_rate(name: str, default: str | None) -> str | None:
+    """A DRF throttle rate such as `60/minute`; `off` (or `none`) turns that throttle off."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in {"off", "none"}:
+        return None
+    count, _, period = value.partition("/")
+    if not count.isdigit() or int(count) < 1 or period not in _RATE_PERIODS:
+        raise SettingsError(f"{name} must look like 60/minute (or off), got {raw!r}")
+    return value
+
+
+def cache_from_url(url: str, *, key_prefix: str) -> dict[str, object]:
+    """`redis://host:port/db` (or `rediss://`) becomes Django's Redis cache; `locmem://` memory."""
+    scheme = urlsplit(url).scheme.lower()
+    if scheme in {"redis", "rediss"}:
+        return {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": key_prefix,
+        }
+    if scheme == "locmem":
+        return {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "KEY_PREFIX": key_prefix,
+        }
+    raise SettingsError(f"SLUICE_CACHE_URL scheme {scheme!r} is not supported (redis or locmem)")
+
+
+def secret_key_from_environment(*, debug: bool, key_file: Path) -> str:
+    """`DJANGO_SECRET_KEY`, else the key the embedded launcher generated in `key_file`.
+
+    With DEBUG off there is no other fallback, so a deployment without a key stops at start
+    instead of signing sessions with a key everybody knows.
+    """
+    key = os.environ.get("DJANGO_SECRET_KEY", "")
+    if key:
+        return key
+    if key_file.is_file():
+        return key_file.read_text(encoding="utf-8").strip()
+    if debug:
+        # A development server: a fresh key per process only signs its users out on restart.
+        return "debug-only-" + secrets.token_urlsafe(48)
+    raise SettingsError(
+        "DJANGO_SECRET_KEY is not set and DEBUG is off. Set DJANGO_SECRET_KEY to a long random "
+        "value shared by every web and worker process (docs/security.md), or start the embedded "
+        f"demo with `make run`, which generates one in {key_file}."
+    )
+
+
+def secret_key_file_create(key_file: Path) -> None:
+    """Write a new random key to `key_file` (readable by its owner only) unless one is there."""
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(secrets.token_urlsafe(64) + "\n")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import os
 from pathlib import Path
 
 from config.env import (
+    cache_from_url,
     database_from_url,
     env_bool,
     env_choice,
@@ -12,16 +15,38 @@ from config.env import (
     env_int,
     env_json,
     env_list,
+    env_rate,
     env_str,
     otlp_protocol,
+    secret_key_from_environment,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("SLUICE_VAR_DIR", "") or BASE_DIR / "var")
 
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "") or "sluice-insecure-development-key-change-me"
-DEBUG = env_bool("DJANGO_DEBUG", True)
+# Off unless asked for: a debug page shows code and a debug 404 lists every route.
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY_FILE = VAR_DIR / "secret-key"
+SECRET_KEY = secret_key_from_environment(debug=DEBUG, key_file=SECRET_KEY_FILE)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# HTTPS everywhere unless DEBUG is on or a loopback deployment turns it off (DJANGO_HTTPS=0).
+HTTPS = env_bool("DJANGO_HTTPS", not DEBUG)
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = HTTPS
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 31_536_000) if HTTPS else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", True)
+if env_bool("SLUICE_BEHIND_TLS_PROXY", False):
+    # Only behind a proxy that sets X-Forwarded-Proto itself and strips what clients send.
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_AGE = env_int("SLUICE_SESSION_SECONDS", 8 * 3600, minimum=60)
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -31,7 +56,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",
+    "axes",
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -48,6 +74,14 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into its lockout response.
+    "axes.middleware.AxesMiddleware",
+]
+
+AUTHENTICATION_BACKENDS = [
+    # First, so a locked-out username and address never reach the password check.
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -85,8 +119,22 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
-    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {
+        "NAME": "django.contrib.auth.password_validation.MinimumLengthValidator",
+        "OPTIONS": {"min_length": 12},
+    },
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# Admin sign-in lockout (django-axes): this many failures for one username from one address
+# lock that pair out for the cool-off period; a success resets the count.
+AXES_FAILURE_LIMIT = env_int("SLUICE_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+AXES_COOLOFF_TIME = dt.timedelta(minutes=env_int("SLUICE_LOGIN_COOLOFF_MINUTES", 15, minimum=1))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -98,12 +146,60 @@ STATIC_ROOT = VAR_DIR / "static"
 
 LOGIN_URL = "/admin/login/"
 
+# One bound for every request body; the API's JSON parser also bounds nesting depth.
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SLUICE_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
+SLUICE_MAX_JSON_DEPTH = env_int("SLUICE_MAX_JSON_DEPTH", 64, minimum=4)
+
+# No settings, environment or local variables on any error page, DEBUG or not.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "config.error_reports.RedactingReporterFilter"
+
+# The cache holds API throttle counters, so every process must share it: Redis whenever the
+# deployment has one (SLUICE_CACHE_URL, else a redis:// broker), local memory otherwise.
+_cache_url = os.environ.get("SLUICE_CACHE_URL", "")
+if not _cache_url and os.environ.get("CELERY_BROKER_URL", "").startswith(("redis://", "rediss://")):
+    _cache_url = os.environ["CELERY_BROKER_URL"]
+CACHES = {
+    "default": cache_from_url(
+        _cache_url or "locmem://",
+        key_prefix=os.environ.get("SLUICE_CACHE_KEY_PREFIX", "sluice"),
+    )
+}
+
+# API throttles (requests per period; `off` disables one): per user, per workspace, and a
+# stricter per-user scope for POSTs that start evaluations and load runs.
+SLUICE_THROTTLE_RATES = {
+    "anon": env_rate("SLUICE_THROTTLE_ANON", "60/minute"),
+    "user": env_rate("SLUICE_THROTTLE_USER", "1200/minute"),
+    "workspace": env_rate("SLUICE_THROTTLE_WORKSPACE", "3000/minute"),
+    "submit": env_rate("SLUICE_THROTTLE_SUBMIT", "120/minute"),
+}
+
+# The embedded demo's accounts get random passwords, shown once, unless this asks for the
+# documented fixed ones (a demo on 127.0.0.1 only).
+SLUICE_DEMO_FIXED_PASSWORDS = env_bool("SLUICE_DEMO_FIXED_PASSWORDS", False)
+
+# API tokens (django-rest-knox): only a SHA-512 digest is stored, and each token expires.
+REST_KNOX = {
+    "TOKEN_TTL": dt.timedelta(hours=env_int("SLUICE_TOKEN_TTL_HOURS", 24 * 30, minimum=1)),
+    "AUTH_HEADER_PREFIX": "Token",
+    "AUTO_REFRESH": False,
+}
+
 REST_FRAMEWORK = {
+    # Token first: its scheme is the WWW-Authenticate challenge of a 401.
     "DEFAULT_AUTHENTICATION_CLASSES": [
+        "config.api_auth.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # JSON only, bounded in size and depth before it is parsed.
+    "DEFAULT_PARSER_CLASSES": ["config.api_parsers.BoundedJSONParser"],
+    "DEFAULT_THROTTLE_CLASSES": [
+        "config.api_throttles.AnonymousThrottle",
+        "config.api_throttles.UserThrottle",
+        "config.api_throttles.WorkspaceThrottle",
+        "config.api_throttles.SubmissionThrottle",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "EXCEPTION_HANDLER": "config.api_errors.exception_handler",
@@ -219,6 +315,8 @@ LOGGING = {
         "console": {"class": "logging.StreamHandler", "formatter": SLUICE_LOG_FORMAT},
     },
     "root": {"handlers": ["console"], "level": env_str("SLUICE_LOG_LEVEL", "") or "INFO"},
+    # django-axes logs every successful sign-in at INFO; lockouts are warnings.
+    "loggers": {"axes": {"level": "WARNING"}},
 }
 # Celery replaces the root logger's handlers unless told not to; JSON logs must survive that.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = SLUICE_LOG_FORMAT != "json"

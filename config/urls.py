@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from config.api_tokens import TokenIssueView
 from config.document_schemas import EvaluationSchemaView, ProfileSchemaView
 
 urlpatterns = [
@@ -9,8 +10,15 @@ urlpatterns = [
     path("runbooks/", include("admission.urls")),
     path("api/", include("admission.api.urls")),
     path("api/", include("evaluator.api.urls")),
+    path("api/auth/token/", TokenIssueView.as_view(), name="api-token"),
     path("api/schemas/profile.json", ProfileSchemaView.as_view(), name="profile-schema"),
     path("api/schemas/evaluation.json", EvaluationSchemaView.as_view(), name="evaluation-schema"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
 ]
+
+# Under /api/ these answer the API's typed JSON error; elsewhere Django's plain pages.
+handler400 = "config.api_errors.bad_request"
+handler403 = "config.api_errors.permission_denied"
+handler404 = "config.api_errors.page_not_found"
+handler500 = "config.api_errors.server_error"

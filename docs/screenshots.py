@@ -67,6 +67,8 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
             SLUICE_VAR_DIR=str(Path(tmp) / "var"),
             SLUICE_CELERY_QUEUE="sluice-tour",
             DJANGO_SETTINGS_MODULE="config.settings",
+            # Plain HTTP on loopback, as `make run` allows itself.
+            DJANGO_HTTPS="0",
         )
         python = sys.executable
         setup = subprocess.run(

@@ -1,5 +1,6 @@
 """Admin for evaluation runs, load runs and receipts: start runs through the services, read
-everything else. Run rows change only through their worker, so nothing here edits them."""
+everything else. Run rows change only through their worker, so nothing here edits them.
+Every list, page and form is limited to the user's workspaces (`admission.access`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,14 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from admission.admin import NoEditAdminMixin, ReadOnlyAdminMixin, json_block
+from admission import access
+from admission.admin import (
+    WORKSPACE_FILTER,
+    NoEditAdminMixin,
+    ReadOnlyAdminMixin,
+    WorkspaceScopedAdminMixin,
+    json_block,
+)
 from evaluator import services
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
 from evaluator.load_charts import load_run_glance
@@ -93,7 +101,7 @@ class RunAdminMixin(NoEditAdminMixin):
 
 
 @admin.register(EvaluationRun)
-class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
+class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
     list_display = (
         "short_id",
         "workspace",
@@ -106,7 +114,7 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
         "created_at",
         "duration",
     )
-    list_filter = ("status", "workspace", "created_at")
+    list_filter = ("status", WORKSPACE_FILTER, "created_at")
     list_select_related = ("workspace",)
     search_fields = ("=id", "invocation_id", "ruleset_id", "principal_id")
     readonly_fields = (
@@ -134,9 +142,7 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
         "request_pretty",
     )
     fields = readonly_fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("evaluator.add_evaluationrun")
+    add_act = access.EVALUATE
 
     @admin.display(description="run")
     def short_id(self, obj: EvaluationRun) -> str:
@@ -227,7 +233,7 @@ class EvaluationRunAdmin(RunAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(LoadRun)
-class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
+class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
     list_display = (
         "manifest_name",
         "target",
@@ -262,9 +268,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
     )
     fields = readonly_fields
     actions = ("run_again",)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.is_staff and request.user.has_perm(services.LOAD_RUN_PERMISSION))
+    add_act = access.RUN_LOAD
 
     def render_change_form(
         self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
@@ -297,7 +301,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
         if not self.has_add_permission(request):
             raise PermissionDenied
         if request.method == "POST":
-            form = LoadRunStartForm(request.POST)
+            form = LoadRunStartForm(request.POST, user=request.user)
             if form.is_valid():
                 try:
                     run = services.load_run_submit(
@@ -316,7 +320,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
                         reverse("admin:evaluator_loadrun_change", args=[run.pk])
                     )
         else:
-            form = LoadRunStartForm()
+            form = LoadRunStartForm(user=request.user)
         return _run_form_page(
             self,
             request,
@@ -341,7 +345,7 @@ class LoadRunAdmin(RunAdminMixin, admin.ModelAdmin):
 
 
 @admin.register(Receipt)
-class ReceiptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
+class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
         "invocation_id",
         "workspace_id",
@@ -367,6 +371,11 @@ class ReceiptAdmin(ReadOnlyAdminMixin, admin.ModelAdmin):
         "document_pretty",
     )
     fields = readonly_fields
+
+    def scope(self, queryset: QuerySet[Receipt], request: HttpRequest) -> QuerySet[Receipt]:
+        # Receipts name their workspace by key, as the engine does.
+        visible = access.workspaces_for(request.user, access.VIEW).values("key")
+        return queryset.filter(workspace_id__in=visible)
 
     @admin.display(description="receipt v2")
     def document_pretty(self, obj: Receipt) -> SafeString:

@@ -9,6 +9,11 @@ is one fake adapter, `fake`, so the embedded demo needs no provider. An `openai-
 document its provider's capacity, `"capacity": {"concurrency": 8, "requestsPerMinute": 600}`,
 which staged-provider load runs stay below.
 
+`SLUICE_WORKSPACE_ADAPTERS` (likewise) maps a workspace key to adapters of that workspace only,
+in the same form; an id there replaces the deployment-wide adapter of that id for that
+workspace. Endpoints and credentials come from here alone: an evaluation names an adapter id
+and a model, nothing else (`evaluator.engine.rulesets.DEPLOYMENT_ONLY_KEYS`).
+
 `SLUICE_STAGED_PROVIDER` (a setting) says where a `staged-provider` load run sends the manifest's
 calls: `{"adapter": "ID" or {"MANIFEST-PROVIDER": "ID", ...}, "model": "NAME",
 "windowSeconds": 30}`; every adapter it names must be an `openai-chat` adapter with a capacity.
@@ -32,6 +37,7 @@ from evaluator.engine.adapters import (
     FakeStep,
     OpenAIChatAdapter,
 )
+from evaluator.engine.parsing import ENV_NAME
 from evaluator.harness.staged_target import Capacity, StagedEndpoint
 
 STAGED_SETTING = "SLUICE_STAGED_PROVIDER"
@@ -46,6 +52,8 @@ __all__ = [
     "staged_window_seconds",
 ]
 
+_WORKSPACE_SETTING = "SLUICE_WORKSPACE_ADAPTERS"
+
 DEFAULT_ADAPTERS: Mapping[str, Mapping[str, Any]] = {"fake": {"kind": "fake", "latencyMs": 20}}
 
 
@@ -53,30 +61,48 @@ class AdapterConfigError(ValueError):
     """`SLUICE_ADAPTERS` cannot be used; names what is wrong."""
 
 
-def _config() -> Mapping[str, Mapping[str, Any]]:
-    configured = getattr(settings, "SLUICE_ADAPTERS", None)
+def _read(name: str, default: Any) -> Any:
+    """A setting holding JSON: text (as read from the environment by config/settings.py) or
+    already parsed; `default` when it is unset or empty."""
+    configured = getattr(settings, name, None)
     if configured is None or configured == "":
-        return DEFAULT_ADAPTERS
+        return default
     if isinstance(configured, str):
         try:
-            configured = json.loads(configured)
+            return json.loads(configured)
         except ValueError as error:
-            raise AdapterConfigError(f"SLUICE_ADAPTERS is not JSON: {error}") from None
-    if not isinstance(configured, Mapping) or not all(
-        isinstance(key, str) and isinstance(value, Mapping) for key, value in configured.items()
-    ):
-        raise AdapterConfigError("SLUICE_ADAPTERS must map adapter ids to objects")
+            raise AdapterConfigError(f"{name} is not JSON: {error}") from None
     return configured
 
 
-def adapter_ids() -> frozenset[str]:
-    """The ids an evaluation may name."""
-    return frozenset(_config())
+def _adapter_table(table: Any, name: str) -> Mapping[str, Mapping[str, Any]]:
+    if not isinstance(table, Mapping) or not all(
+        isinstance(key, str) and isinstance(value, Mapping) for key, value in table.items()
+    ):
+        raise AdapterConfigError(f"{name} must map adapter ids to objects")
+    return table
 
 
-def build_adapters() -> dict[str, Adapter]:
-    """Fresh adapters for one run (a fake adapter keeps a call log that must not grow forever)."""
-    return {key: _build(key, spec) for key, spec in _config().items()}
+def _config(workspace_key: str | None = None) -> Mapping[str, Mapping[str, Any]]:
+    adapters = dict(_adapter_table(_read("SLUICE_ADAPTERS", DEFAULT_ADAPTERS), "SLUICE_ADAPTERS"))
+    if workspace_key is not None:
+        per_workspace = _read(_WORKSPACE_SETTING, {})
+        if not isinstance(per_workspace, Mapping):
+            raise AdapterConfigError(f"{_WORKSPACE_SETTING} must map workspace keys to objects")
+        own = per_workspace.get(workspace_key, {})
+        adapters.update(_adapter_table(own, f"{_WORKSPACE_SETTING}.{workspace_key}"))
+    return adapters
+
+
+def adapter_ids(workspace_key: str | None = None) -> frozenset[str]:
+    """The ids an evaluation in `workspace_key` may name (deployment-wide ones when None)."""
+    return frozenset(_config(workspace_key))
+
+
+def build_adapters(workspace_key: str | None = None) -> dict[str, Adapter]:
+    """Fresh adapters for one run in `workspace_key` (a fake adapter keeps a call log that must
+    not grow forever)."""
+    return {key: _build(key, spec) for key, spec in _config(workspace_key).items()}
 
 
 def _build(key: str, spec: Mapping[str, Any]) -> Adapter:
@@ -95,7 +121,10 @@ def _build(key: str, spec: Mapping[str, Any]) -> Adapter:
         base_url = spec.get("baseUrl")
         if not isinstance(base_url, str) or not base_url:
             raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.baseUrl is required")
-        return OpenAIChatAdapter(base_url=base_url, api_key_env=spec.get("apiKeyEnv"))
+        key_env = spec.get("apiKeyEnv")
+        if key_env is not None and (not isinstance(key_env, str) or not ENV_NAME.match(key_env)):
+            raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.apiKeyEnv must be a variable name")
+        return OpenAIChatAdapter(base_url=base_url, api_key_env=key_env)
     raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.kind must be 'fake' or 'openai-chat'")
 
 

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from django import forms
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
+from admission import access
 from admission.forms import MONOSPACE, parse_json_object
 from admission.models import Workspace
 from evaluator import qualification, services
@@ -35,7 +35,8 @@ def example_request(decisions: int = 10, *, adapter: str = "fake") -> dict[str, 
 
 
 class EvaluationSubmitForm(forms.Form):
-    """A workspace the operator belongs to and a request document; the operator is the principal."""
+    """A workspace where the operator may evaluate and a request document; the operator is the
+    principal."""
 
     workspace = forms.ModelChoiceField(queryset=Workspace.objects.none())
     document = forms.CharField(
@@ -44,12 +45,12 @@ class EvaluationSubmitForm(forms.Form):
         help_text="ruleset, input and optional scheduler options; you are the principal.",
     )
 
-    def __init__(self, *args: Any, user: AbstractBaseUser | AnonymousUser, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         kwargs.setdefault("initial", {}).setdefault(
             "document", json.dumps(example_request(3), indent=2)
         )
         super().__init__(*args, **kwargs)
-        members = Workspace.objects.filter(members__pk=user.pk or 0).order_by("key")
+        members = access.workspaces_for(user, access.EVALUATE).order_by("key")
         self.fields["workspace"].queryset = members  # type: ignore[attr-defined]
         if members.count() == 1 and "workspace" not in self.initial:
             self.initial["workspace"] = members.first()
@@ -59,14 +60,18 @@ class EvaluationSubmitForm(forms.Form):
 
 
 class LoadRunStartForm(forms.Form):
-    """Which preregistered manifest to release into which target, recorded under a workspace."""
+    """Which preregistered manifest to release into which target, recorded under a workspace
+    where the operator may start load runs."""
 
-    workspace = forms.ModelChoiceField(queryset=Workspace.objects.order_by("key"))
+    workspace = forms.ModelChoiceField(queryset=Workspace.objects.none())
     manifest = forms.ChoiceField(choices=())
     target = forms.ChoiceField(choices=())
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.fields["workspace"].queryset = access.workspaces_for(  # type: ignore[attr-defined]
+            user, access.RUN_LOAD
+        ).order_by("key")
         names = services.load_manifest_names()
         self.fields["manifest"].choices = [(name, name) for name in names]  # type: ignore[attr-defined]
         self.fields["target"].choices = [(name, name) for name in qualification.TARGETS]  # type: ignore[attr-defined]

@@ -21,7 +21,7 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
-from admission import refresh, runtime, selectors
+from admission import access, refresh, runtime, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
@@ -53,7 +53,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BROKER_UNAVAILABLE = "broker-unavailable"
-LOAD_RUN_PERMISSION = "evaluator.add_loadrun"
 # A dead broker answers within about a second instead of the default retry schedule.
 PUBLISH_RETRY_POLICY = {
     "max_retries": 2,
@@ -82,7 +81,7 @@ class InvalidRunRequest(RunServiceError):
 
 
 class LoadRunNotAllowed(RunServiceError):
-    """Only staff holding `evaluator.add_loadrun` start load runs."""
+    """Only operators of the workspace start load runs (`admission.access`)."""
 
     type = "permission_denied"
 
@@ -110,8 +109,8 @@ def evaluation_run_submit(
     an earlier `invocationId` with the same content returns that run (re-queued if the broker
     had refused it). Raises `InvalidRunRequest` (with `field`) or `BrokerUnavailable`.
     """
-    if not workspace.members.filter(pk=principal_user.pk).exists():
-        raise InvalidRunRequest("the caller is not a member of this workspace", field="workspace")
+    if not access.can(principal_user, access.EVALUATE, workspace):
+        raise InvalidRunRequest("the caller may not evaluate in this workspace", field="workspace")
     principal_id = principal_user.get_username()
     request = _parse_request(document, principal_id=principal_id, workspace=workspace)
     run_id = uuid.uuid4()
@@ -163,7 +162,7 @@ def _parse_request(
             field = "principal"
         raise InvalidRunRequest(error.problem, field=field or "non_field_errors") from None
     try:
-        known = adapter_ids()
+        known = adapter_ids(workspace.key)
     except AdapterConfigError as error:
         raise InvalidRunRequest(str(error), field="ruleset") from None
     unknown = request.ruleset.unknown_adapter_field(known)
@@ -226,7 +225,7 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
             principal_id=run.principal_id,
             workspace_id=run.workspace.key,
         )
-        adapters = build_adapters()
+        adapters = build_adapters(run.workspace.key)
     except InvalidDefinitionError as error:
         return _fail(run, "invalid-definition", error.problem, field=error.field)
     except AdapterConfigError as error:
@@ -320,8 +319,8 @@ def load_run_submit(
     `InvalidRunRequest` (field `manifest`, `target`, `version` or `mapping…`) or
     `BrokerUnavailable`.
     """
-    if not (principal_user.is_staff and principal_user.has_perm(LOAD_RUN_PERMISSION)):
-        raise LoadRunNotAllowed("only staff with evaluator.add_loadrun start load runs")
+    if not access.can(principal_user, access.RUN_LOAD, workspace):
+        raise LoadRunNotAllowed(f"you may not start load runs in workspace {workspace.key}")
     if manifest_name not in load_manifest_names():
         raise InvalidRunRequest(
             f"must be one of {', '.join(load_manifest_names())}", field="manifest"

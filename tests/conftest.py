@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.cache import caches
+from django.core.cache.backends.locmem import LocMemCache
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -37,3 +39,11 @@ def chromium_path() -> str:
     if not (Path(path).exists() or shutil.which(path)):
         pytest.skip(f"no Chromium at {path}")
     return path
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counters() -> None:
+    # API throttles count in the cache; every test starts with a full budget. Only a
+    # process-local cache is cleared: clearing a Redis cache would flush a shared database.
+    if isinstance(caches["default"], LocMemCache):
+        caches["default"].clear()

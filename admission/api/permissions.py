@@ -1,4 +1,4 @@
-"""Who may read and write a workspace's profiles through the API."""
+"""Who may read and write a workspace through the API: the `admission.access` rule."""
 
 from __future__ import annotations
 
@@ -7,18 +7,24 @@ from typing import Any
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
+from admission import access
 
-class WorkspaceAccess(BasePermission):
-    """The caller must see the workspace (else 404); proposing also needs `add_profileversion`.
 
-    Views expose `get_workspace()`, which raises Http404 for an invisible workspace, so a
-    caller never learns whether a workspace it does not belong to exists.
+class WorkspaceActPermission(BasePermission):
+    """The caller must see the workspace (else 404), and may do the view's act in it (else 403).
+
+    Views expose `get_workspace()`, which raises NotFound for a workspace the caller cannot
+    see, so nobody learns whether a workspace they do not belong to exists; reads need the
+    view's `read_act` and other methods its `write_act` (None: the view does not write).
     """
 
-    message = "You may not propose profile versions."
-
     def has_permission(self, request: Request, view: Any) -> bool:
-        view.get_workspace()
-        if request.method in SAFE_METHODS:
+        workspace = view.get_workspace()
+        act = view.read_act if request.method in SAFE_METHODS else view.write_act
+        if act is None:
+            # The view has no handler for this method: it answers 405, not a refusal.
             return True
-        return bool(request.user.has_perm("admission.add_profileversion"))
+        if not access.can(request.user, act, workspace):
+            self.message = str(access.AccessDenied(act, workspace))
+            return False
+        return True

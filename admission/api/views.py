@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from django.contrib.auth.models import User
+from django.contrib.auth import get_user_model
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -14,10 +15,10 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from admission import selectors, services
+from admission import access, selectors, services
 from admission.api.filters import ProfileHistoryFilter
 from admission.api.pagination import ProfileHistoryPagination, ProfileVersionPagination
-from admission.api.permissions import WorkspaceAccess
+from admission.api.permissions import WorkspaceActPermission
 from admission.api.serializers import (
     ErrorSerializer,
     ProfileChangeRecordSerializer,
@@ -26,7 +27,11 @@ from admission.api.serializers import (
     WorkspaceSerializer,
 )
 from admission.core import InvalidProfileError
+from admission.core.labels import label_problem
 from admission.models import ProfileChangeRecord, ProfileVersion, Workspace
+
+if TYPE_CHECKING:
+    from rest_framework.permissions import _PermissionClass
 
 WORKSPACE_KEY = OpenApiParameter(
     "workspace_key",
@@ -37,17 +42,17 @@ WORKSPACE_KEY = OpenApiParameter(
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such workspace visible to you.")
 
 
-def _caller(request: Request) -> User:
+def _caller(request: Request) -> Any:
     """The authenticated caller; permission classes have already refused anyone else."""
     user = request.user
-    if not isinstance(user, User):
+    if not isinstance(user, get_user_model()):
         raise NotAuthenticated()
     return user
 
 
 @extend_schema(tags=["workspaces"])
 class WorkspaceViewSet(viewsets.ReadOnlyModelViewSet):
-    """Workspaces the caller belongs to (staff with the view permission: all)."""
+    """Workspaces the caller belongs to (any role)."""
 
     serializer_class = WorkspaceSerializer
     lookup_field = "key"
@@ -56,39 +61,42 @@ class WorkspaceViewSet(viewsets.ReadOnlyModelViewSet):
     filter_backends: list[Any] = []
 
     def get_queryset(self) -> QuerySet[Workspace]:
-        return selectors.workspace_list_for_user(
-            user=self.request.user, permission="admission.view_workspace"
-        )
+        return selectors.workspace_list_for_user(user=self.request.user, act=access.VIEW)
 
 
 class WorkspaceScopedMixin:
-    """Resolves `workspace_key` to a workspace visible to the caller, or answers 404.
+    """Resolves `workspace_key` to a workspace the caller belongs to, or answers 404.
 
-    Visible: one the caller belongs to, or any for staff holding `workspace_permission` (if set).
+    `WorkspaceActPermission` then asks `admission.access` for `read_act` (safe methods) or
+    `write_act` (the others) in it; `starts_runs` puts POSTs under the submission throttle.
     """
 
     request: Any
     kwargs: dict[str, Any]
-    workspace_permission: str | None = None
+    permission_classes: Sequence[_PermissionClass] = [IsAuthenticated, WorkspaceActPermission]
+    read_act: str | None = access.VIEW
+    write_act: str | None = None
+    starts_runs = False
     _workspace: Workspace | None = None
 
     def get_workspace(self) -> Workspace:
         if self._workspace is None:
             workspace = selectors.workspace_get_for_user(
-                user=self.request.user,
-                key=self.kwargs["workspace_key"],
-                permission=self.workspace_permission,
+                user=self.request.user, key=self.kwargs["workspace_key"], act=access.VIEW
             )
             if workspace is None:
                 raise NotFound("No such workspace.")
             self._workspace = workspace
         return self._workspace
 
+    @property
+    def resolved_workspace(self) -> Workspace | None:
+        """The workspace once the caller was allowed to see it (the workspace throttle's key)."""
+        return self._workspace
+
 
 class WorkspaceScopedView(WorkspaceScopedMixin, generics.GenericAPIView):
-    """A workspace-scoped API view; subclasses name the permission that lets staff see all."""
-
-    workspace_permission: str | None = "admission.view_workspace"
+    """A workspace-scoped API view."""
 
 
 @extend_schema(
@@ -100,10 +108,8 @@ class ProfileHistoryView(WorkspaceScopedView, generics.ListAPIView):
     """The workspace's `decision-admission-profile-change/v1` records, newest first."""
 
     serializer_class = ProfileChangeRecordSerializer
-    permission_classes = [IsAuthenticated, WorkspaceAccess]
     pagination_class = ProfileHistoryPagination
     filterset_class = ProfileHistoryFilter
-    workspace_permission = "admission.view_profilechangerecord"
 
     def get_queryset(self) -> QuerySet[ProfileChangeRecord]:
         if getattr(self, "swagger_fake_view", False):
@@ -115,10 +121,9 @@ class ProfileVersionListView(WorkspaceScopedView, generics.ListCreateAPIView):
     """Profile versions of a workspace with their decisions and digests; POST proposes one."""
 
     serializer_class = ProfileVersionSerializer
-    permission_classes = [IsAuthenticated, WorkspaceAccess]
     pagination_class = ProfileVersionPagination
     filter_backends: list[Any] = []
-    workspace_permission = "admission.view_profileversion"
+    write_act = access.PROPOSE
 
     def get_queryset(self) -> QuerySet[ProfileVersion]:
         if getattr(self, "swagger_fake_view", False):
@@ -186,12 +191,16 @@ class ProfileVersionDetailView(WorkspaceScopedView, generics.RetrieveAPIView):
     """One profile version by its `profileVersion` label."""
 
     serializer_class = ProfileVersionSerializer
-    permission_classes = [IsAuthenticated, WorkspaceAccess]
     filter_backends: list[Any] = []
     lookup_field = "profile_version"
-    workspace_permission = "admission.view_profileversion"
 
     def get_queryset(self) -> QuerySet[ProfileVersion]:
         if getattr(self, "swagger_fake_view", False):
             return ProfileVersion.objects.none()
         return selectors.profile_version_list(workspace=self.get_workspace())
+
+    def get_object(self) -> ProfileVersion:
+        # A label no version can have (NUL, control characters, too long) names nothing.
+        if label_problem(self.kwargs["profile_version"]) is not None:
+            raise NotFound()
+        return super().get_object()

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from admission.core.canonical import sha256_digest
 from admission.core.errors import InvalidProfileError
+from admission.core.labels import label_problem
 
 __all__ = ["BreakerConfig", "Limits", "Profile", "Scope"]
 
@@ -95,7 +96,7 @@ def _kind_of(value: Any) -> str:
 
 
 def _label(key: Any) -> str:
-    if isinstance(key, str) and key and len(key) <= 64:
+    if isinstance(key, str) and key and len(key) <= 64 and key.isprintable():
         return key
     return reprlib.repr(key)
 
@@ -170,8 +171,9 @@ def _check_value(kind: str, value: Any, where: str) -> Any:
 
 
 def _check_id(value: Any, where: str, what: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidProfileError(where, f"{what} must be a non-empty string")
+    problem = label_problem(value)
+    if problem is not None:
+        raise InvalidProfileError(where, f"{what} {problem}")
     return value
 
 

@@ -14,14 +14,14 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
-from rest_framework.pagination import CursorPagination
-from rest_framework.parsers import JSONParser
-from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from admission import access
+from admission.api.pagination import CheckedCursorPagination
 from admission.api.serializers import ErrorSerializer
 from admission.api.views import WorkspaceScopedMixin
+from config.api_parsers import BoundedJSONParser
 from evaluator import selectors, services
 from evaluator.api.serializers import (
     EvaluationRunSerializer,
@@ -42,7 +42,6 @@ BROKER_DOWN = OpenApiResponse(
     ErrorSerializer,
     description="`broker-unavailable`: the task broker refused the run; it is marked failed.",
 )
-LOAD_RUN_VIEW = "evaluator.view_loadrun"
 
 
 class BrokerUnavailableError(APIException):
@@ -51,11 +50,8 @@ class BrokerUnavailableError(APIException):
     default_detail = "The task broker is unavailable; the run was not queued. Try again."
 
 
-class RunPagination(CursorPagination):
+class RunPagination(CheckedCursorPagination):
     ordering = ("-created_at", "-id")
-    page_size = 50
-    page_size_query_param = "page_size"
-    max_page_size = 500
 
 
 class EvaluationRunFilter(django_filters.FilterSet):
@@ -68,28 +64,6 @@ class EvaluationRunFilter(django_filters.FilterSet):
         fields = ("status",)
 
 
-class IsMember(BasePermission):
-    """Only members see or run evaluations in a workspace (404 otherwise)."""
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        view.get_workspace()
-        return True
-
-
-class CanRunLoad(BasePermission):
-    """Staff with `evaluator.view_loadrun` list load runs; starting one needs `add_loadrun`."""
-
-    message = "Load runs are for staff holding the evaluator load-run permissions."
-
-    def has_permission(self, request: Request, view: Any) -> bool:
-        user = request.user
-        needed = services.LOAD_RUN_PERMISSION if request.method == "POST" else LOAD_RUN_VIEW
-        if not (user.is_staff and user.has_perm(needed)):
-            return False
-        view.get_workspace()
-        return True
-
-
 def _invalid(error: services.RunServiceError) -> ValidationError:
     return ValidationError({error.field or "non_field_errors": [str(error)]})
 
@@ -99,11 +73,12 @@ class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
     """The workspace's evaluation runs, newest first; POST submits one for the caller."""
 
     serializer_class = EvaluationRunSummarySerializer
-    permission_classes = [IsAuthenticated, IsMember]
     pagination_class = RunPagination
     filterset_class = EvaluationRunFilter
+    write_act = access.EVALUATE
+    starts_runs = True
     # The request document is nested JSON: a form or multipart body cannot carry it.
-    parser_classes = [JSONParser]
+    parser_classes = [BoundedJSONParser]
 
     def get_queryset(self) -> QuerySet[EvaluationRun]:
         if getattr(self, "swagger_fake_view", False):
@@ -148,7 +123,6 @@ class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
     """One evaluation run: its status and, once finished, its result and attempts."""
 
     serializer_class = EvaluationRunSerializer
-    permission_classes = [IsAuthenticated, IsMember]
     filter_backends: list[Any] = []
 
     def get(self, request: Request, workspace_key: str, run_id: str) -> Response:
@@ -160,13 +134,13 @@ class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
 
 @extend_schema(tags=["load runs"], parameters=[WORKSPACE_KEY])
 class LoadRunListView(WorkspaceScopedMixin, generics.ListAPIView):
-    """Load harness runs of the workspace (staff only); POST starts one."""
+    """Load harness runs of the workspace; POST starts one (operators)."""
 
     serializer_class = LoadRunSerializer
-    permission_classes = [IsAuthenticated, CanRunLoad]
     pagination_class = RunPagination
     filter_backends: list[Any] = []
-    workspace_permission = LOAD_RUN_VIEW
+    write_act = access.RUN_LOAD
+    starts_runs = True
 
     def get_queryset(self) -> QuerySet[LoadRun]:
         if getattr(self, "swagger_fake_view", False):
@@ -217,9 +191,7 @@ class LoadRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
     """One load run with its decision-load-result/v1 record once it finished."""
 
     serializer_class = LoadRunSerializer
-    permission_classes = [IsAuthenticated, CanRunLoad]
     filter_backends: list[Any] = []
-    workspace_permission = LOAD_RUN_VIEW
 
     def get(self, request: Request, workspace_key: str, run_id: str) -> Response:
         run = selectors.load_run_get(workspace=self.get_workspace(), run_id=run_id)

@@ -24,6 +24,18 @@ MAX_ATTEMPTS_PER_TARGET = 20
 # One day: a longer per-attempt timeout is a configuration mistake, not a plan.
 MAX_TIMEOUT_MS = 86_400_000
 MAX_BACKOFF_MS = 3_600_000
+# What a target could use to pick a credential or an endpoint. Those belong to the deployment's
+# adapter configuration; a request that names one is refused, so no tenant can point the
+# provider call at a secret or a server of its choosing.
+DEPLOYMENT_ONLY_KEYS = (
+    "apiKey",
+    "apiKeyEnv",
+    "baseUrl",
+    "credentials",
+    "endpoint",
+    "headers",
+    "url",
+)
 
 
 def prompt_values(values: Mapping[str, Any]) -> dict[str, str]:
@@ -105,8 +117,8 @@ class Target:
     a per-attempt timeout and a retry policy.
 
     ``timeout_ms`` bounds each attempt from the moment admission is requested until the answer,
-    queueing included. ``max_output_tokens`` and ``cost_per_token_usd`` feed the default estimate;
-    ``api_key_env`` names the environment variable that holds the credential, never the key.
+    queueing included. ``max_output_tokens`` and ``cost_per_token_usd`` feed the default estimate.
+    Credentials and endpoints are the adapter's, configured by the deployment, never a target's.
     """
 
     adapter: str
@@ -115,7 +127,6 @@ class Target:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     max_output_tokens: int = 256
     cost_per_token_usd: float | None = None
-    api_key_env: str | None = None
 
     def __post_init__(self) -> None:
         parsing.identifier(self.adapter, "adapter")
@@ -126,8 +137,6 @@ class Target:
         parsing.integer(self.max_output_tokens, "maxOutputTokens", minimum=0, maximum=10_000_000)
         if self.cost_per_token_usd is not None:
             parsing.number(self.cost_per_token_usd, "costPerTokenUsd", minimum=0, maximum=1_000)
-        if self.api_key_env is not None and not parsing.ENV_NAME.match(str(self.api_key_env)):
-            raise InvalidDefinitionError("apiKeyEnv", "must be an environment variable name")
 
     _KEYS = (
         "adapter",
@@ -136,14 +145,19 @@ class Target:
         "retry",
         "maxOutputTokens",
         "costPerTokenUsd",
-        "apiKeyEnv",
     )
 
     @classmethod
     def from_dict(cls, doc: Any, where: str) -> Target:
-        """Parse ``{adapter, model, timeoutMs?, retry?, maxOutputTokens?, costPerTokenUsd?,
-        apiKeyEnv?}``."""
+        """Parse ``{adapter, model, timeoutMs?, retry?, maxOutputTokens?, costPerTokenUsd?}``."""
         doc = parsing.mapping(doc, where)
+        for key in DEPLOYMENT_ONLY_KEYS:
+            if key in doc:
+                raise InvalidDefinitionError(
+                    f"{where}.{key}",
+                    "credentials and endpoints come from the deployment's adapter "
+                    "configuration, not from a request",
+                )
         parsing.known_keys(doc, cls._KEYS, where)
         adapter = parsing.identifier(parsing.required(doc, "adapter", where), f"{where}.adapter")
         model = parsing.text(
@@ -162,13 +176,6 @@ class Target:
         cost = doc.get("costPerTokenUsd")
         if cost is not None:
             cost = parsing.number(cost, f"{where}.costPerTokenUsd", minimum=0, maximum=1_000)
-        key_env = doc.get("apiKeyEnv")
-        if key_env is not None and (
-            not isinstance(key_env, str) or not parsing.ENV_NAME.match(key_env)
-        ):
-            raise InvalidDefinitionError(
-                f"{where}.apiKeyEnv", "must be an environment variable name"
-            )
         return cls(
             adapter=adapter,
             model=model,
@@ -176,7 +183,6 @@ class Target:
             retry=retry,
             max_output_tokens=max_output,
             cost_per_token_usd=cost,
-            api_key_env=key_env,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,8 +195,6 @@ class Target:
         }
         if self.cost_per_token_usd is not None:
             doc["costPerTokenUsd"] = self.cost_per_token_usd
-        if self.api_key_env is not None:
-            doc["apiKeyEnv"] = self.api_key_env
         return doc
 
 

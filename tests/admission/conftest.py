@@ -112,16 +112,17 @@ def outsider(make_user: Callable[..., Any]) -> Any:
 
 @pytest.fixture
 def member(make_user: Callable[..., Any], workspace: Workspace) -> Any:
-    """A plain (non-staff) member of `workspace` who may propose; sees memberships only."""
-    user = make_user("mia", staff=False, permissions=("add_profileversion",))
-    workspace.members.add(user)
+    """A plain (non-staff) proposer of `workspace`; sees its memberships only."""
+    user = make_user("mia", staff=False)
+    workspace.members.add(user, through_defaults={"role": "proposer"})
     return user
 
 
 @pytest.fixture
 def workspace(proposer: Any, approver: Any) -> Workspace:
+    """Acme, where pat and alex are operators (every act; four-eyes still apart)."""
     workspace = Workspace.objects.create(key="acme", name="Acme Corp")
-    workspace.members.add(proposer, approver)
+    workspace.members.add(proposer, approver, through_defaults={"role": "operator"})
     return workspace
 
 

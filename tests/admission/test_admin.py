@@ -105,11 +105,12 @@ def test_propose_page_refuses_a_taken_label(workspace, proposer, approved, make_
     assert "already exists with other limits" in response.context["form"].errors["document"][0]
 
 
-def test_propose_page_offers_only_workspaces_the_user_may_see(
+def test_propose_page_offers_only_workspaces_where_the_user_may_propose(
     workspace, other_workspace, make_user
 ):
-    staff = make_user("staffer", permissions=("add_profileversion", "view_profileversion"))
-    workspace.members.add(staff)
+    staff = make_user("staffer")
+    workspace.members.add(staff, through_defaults={"role": "proposer"})
+    other_workspace.members.add(staff, through_defaults={"role": "viewer"})
     form = _login(staff).get(ADD_URL).context["form"]
     assert list(form.fields["workspace"].queryset) == [workspace]
 
@@ -203,8 +204,9 @@ def test_activate_and_rollback_actions(workspace, proposer, approver, approved):
     assert ProfileChangeRecord.objects.order_by("-id").first().kind == "rollback"
 
 
-def test_workflow_actions_need_the_custom_permissions(workspace, make_user, approved):
-    viewer = make_user("viewer", permissions=("view_profileversion", "view_rollbackrequest"))
+def test_workflow_actions_need_a_role_that_allows_them(workspace, make_user, approved):
+    viewer = make_user("viewer", permissions=("approve_profileversion", "activate_profileversion"))
+    workspace.members.add(viewer, through_defaults={"role": "viewer"})
     client = _login(viewer)
     assert client.get(VERSIONS_URL).context["action_form"] is None  # no action offered
     refused = _act(client, VERSIONS_URL, "activate_selected", [approved("v1")])
@@ -212,13 +214,14 @@ def test_workflow_actions_need_the_custom_permissions(workspace, make_user, appr
     assert refused.status_code == 200
 
 
-def test_version_actions_for_a_full_operator(proposer):
+def test_version_actions_for_a_full_operator(workspace, proposer):
     choices = _login(proposer).get(VERSIONS_URL).context["action_form"].fields["action"].choices
     assert [name for name, _ in choices if name] == [
         "approve_selected",
         "reject_selected",
         "activate_selected",
         "request_rollback",
+        "run_what_if",
     ]
 
 
@@ -226,9 +229,9 @@ def test_version_actions_for_a_full_operator(proposer):
     "url",
     ["/admin/admission/profilechangerecord/", "/admin/admission/profileapproval/"],
 )
-def test_audit_rows_are_read_only_in_the_admin(workspace, approver, approved, url, superuser):
+def test_audit_rows_are_read_only_in_the_admin(workspace, approver, approved, url):
     services.profile_version_activate(version=approved("v1"), actor=approver)
-    client = _login(superuser)
+    client = _login(approver)
     listing = client.get(url)
     assert listing.status_code == 200
     assert "delete_selected" not in listing.content.decode()
@@ -240,9 +243,9 @@ def test_audit_rows_are_read_only_in_the_admin(workspace, approver, approved, ur
     assert client.post(f"{url}{row.pk}/delete/").status_code == 403
 
 
-def test_change_record_list_filters_by_kind(workspace, approver, approved, superuser):
+def test_change_record_list_filters_by_kind(workspace, approver, approved):
     services.profile_version_activate(version=approved("v1"), actor=approver)
-    client = _login(superuser)
+    client = _login(approver)
     assert (
         client.get("/admin/admission/profilechangerecord/?kind=initial").context["cl"].result_count
         == 1

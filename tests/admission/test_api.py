@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from rest_framework.authtoken.models import Token
+from knox.models import AuthToken
 from rest_framework.test import APIClient
 
 from admission import services
@@ -54,7 +54,8 @@ def _walk_pages(client: APIClient, url: str, params: dict[str, Any]) -> list[dic
 )
 def test_anonymous_callers_are_refused(workspace, url):
     response = _client().get(url)
-    assert response.status_code in (401, 403)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Token"
     assert response.data["error"]["type"] == "not_authenticated"
 
 
@@ -97,17 +98,19 @@ def test_members_see_their_workspaces_only(workspace, other_workspace, member, a
     assert _history(_client(member)).status_code == 200
 
 
-def test_staff_with_view_permissions_see_every_workspace(
-    workspace, other_workspace, make_user, seed_history
+def test_staff_status_and_global_permissions_grant_no_workspace(
+    workspace, other_workspace, make_user, seed_history, django_user_model
 ):
     seed_history(other_workspace, 3)
     auditor = make_user(
         "auditor", permissions=("view_workspace", "view_profilechangerecord", "view_profileversion")
     )
-    client = _client(auditor)
-    assert [w["key"] for w in client.get("/api/workspaces/").data] == ["acme", "globex"]
-    assert len(_history(client, "globex").data["results"]) == 3
-    assert client.get("/api/workspaces/globex/profiles/").status_code == 200
+    root = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    for user in (auditor, root):
+        client = _client(user)
+        assert client.get("/api/workspaces/").data == []
+        assert _history(client, "globex").status_code == 404
+        assert client.get("/api/workspaces/globex/profiles/").status_code == 404
 
 
 def test_staff_without_the_permission_see_only_memberships(
@@ -119,12 +122,15 @@ def test_staff_without_the_permission_see_only_memberships(
 
 
 def test_token_authentication(workspace, proposer):
-    token = Token.objects.create(user=proposer)
+    _, token = AuthToken.objects.create(user=proposer)
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token}")
     assert client.get("/api/workspaces/acme/profiles/").status_code == 200
     client.credentials(HTTP_AUTHORIZATION="Token not-a-token")
-    assert client.get("/api/workspaces/acme/profiles/").status_code in (401, 403)
+    refused = client.get("/api/workspaces/acme/profiles/")
+    assert refused.status_code == 401
+    assert refused["WWW-Authenticate"] == "Token"
+    assert refused.data["error"]["type"] == "authentication_failed"
 
 
 def test_session_authentication(client, workspace, member):
@@ -198,13 +204,17 @@ def test_propose_label_with_other_limits_is_400(workspace, member, make_document
     assert "other limits" in response.data["error"]["fields"]["document"][0]
 
 
-def test_propose_needs_the_add_permission(workspace, make_user, make_document, member):
-    viewer = make_user("viewer", permissions=("view_profileversion",))
-    workspace.members.add(viewer)
+def test_propose_needs_a_role_that_may_propose(workspace, make_user, make_document, member):
+    viewer = make_user("viewer", permissions=("add_profileversion", "view_profileversion"))
+    workspace.members.add(viewer, through_defaults={"role": "member"})
     response = _client(viewer).post(
         "/api/workspaces/acme/profiles/", {"document": make_document("v1")}, format="json"
     )
     assert response.status_code == 403
+    assert response.data["error"] == {
+        "type": "permission_denied",
+        "detail": "you may not propose profile versions in workspace acme",
+    }
     assert _client(viewer).get("/api/workspaces/acme/profiles/").status_code == 200
 
 
@@ -346,8 +356,8 @@ def test_history_query_count_does_not_grow_with_page_size(
 ):
     seed_history(workspace, 120)
     client = _client(member)
-    # One for the workspace, one for the page; nothing per row.
-    with django_assert_max_num_queries(2):
+    # One for the workspace, one for the caller's role in it, one for the page; none per row.
+    with django_assert_max_num_queries(3):
         response = _history(client, page_size=page_size)
     assert len(response.data["results"]) == page_size
 
@@ -368,16 +378,22 @@ def test_openapi_advertises_only_request_bodies_that_work(client, workspace, mem
     bodies = {
         path: set(operation["post"]["requestBody"]["content"])
         for path, operation in schema["paths"].items()
-        if "post" in operation
+        if "post" in operation and "requestBody" in operation["post"]
     }
-    # An evaluation is nested JSON: only JSON is advertised, and a form body is a typed 415.
-    assert bodies["/api/workspaces/{workspace_key}/evaluations/"] == {"application/json"}
-    # A profile document travels as one JSON field, which a form can carry too.
-    assert "multipart/form-data" in bodies["/api/workspaces/{workspace_key}/profiles/"]
+    # Every document is nested JSON, parsed by the one bounded JSON parser: only JSON is
+    # advertised, and a form body is a typed 415.
+    assert bodies == {
+        "/api/workspaces/{workspace_key}/evaluations/": {"application/json"},
+        "/api/workspaces/{workspace_key}/profiles/": {"application/json"},
+        "/api/workspaces/{workspace_key}/load-runs/": {"application/json"},
+    }
+    # The token endpoint takes no body: HTTP Basic proves who asks.
+    assert "requestBody" not in schema["paths"]["/api/auth/token/"]["post"]
     client.force_login(member)
-    refused = client.post("/api/workspaces/acme/evaluations/", {"ruleset": "{}"})
-    assert refused.status_code == 415
-    assert refused.json()["error"]["type"] == "unsupported_media_type"
+    for url in ("/api/workspaces/acme/evaluations/", "/api/workspaces/acme/profiles/"):
+        refused = client.post(url, {"document": "{}"})
+        assert refused.status_code == 415
+        assert refused.json()["error"]["type"] == "unsupported_media_type"
 
 
 def test_docs_ui_is_served_without_a_cdn(client, member):

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from django.core.management import call_command
@@ -18,8 +20,11 @@ pytestmark = pytest.mark.django_db
 
 
 def _profiles(*args: str) -> str:
+    """Run the command as `--user`, proving it with that test user's password."""
     out = io.StringIO()
-    call_command("profiles", *args, stdout=out)
+    user = args[args.index("--user") + 1] if "--user" in args else ""
+    with mock.patch.dict(os.environ, {"SLUICE_PROFILES_PASSWORD": f"{user}-password"}):
+        call_command("profiles", *args, stdout=out)
     return out.getvalue()
 
 
@@ -59,12 +64,15 @@ def test_CNC_ADMIT_AUDIT_command_workflow_from_proposal_to_rollback(
     _profiles("rollback", "request", *ws, "--version", "v1", "--user", "pat", "--reason", "slow")
     assert "rollback" in _profiles("rollback", "approve", *ws, "--user", "alex")
 
-    listing = _profiles("list", *ws)
+    listing = _profiles("list", *ws, "--user", "pat")
     assert "v1\tactive" in listing and "v2\tsuperseded" in listing
-    history = [json.loads(line) for line in _profiles("history", *ws, "--json").splitlines()]
+    history = [
+        json.loads(line)
+        for line in _profiles("history", *ws, "--user", "pat", "--json").splitlines()
+    ]
     assert [r["kind"] for r in history] == ["initial", "change", "rollback"]
     assert history == [r.to_dict() for r in ProfileChangeRecord.objects.order_by("id")]
-    rollback = _profiles("history", *ws, "--kind", "rollback")
+    rollback = _profiles("history", *ws, "--user", "pat", "--kind", "rollback")
     assert rollback.count("\n") == 1
     assert rollback.rstrip("\n").endswith("\tslow")
 
@@ -134,7 +142,7 @@ def bad_files(tmp_path: Path, make_document: Any) -> dict[str, str]:
         ),
         (
             ["propose", "--workspace", "acme", "--file", "{invalid}", "--user", "nobody"],
-            "unknown user 'nobody'",
+            "could not verify that you are nobody",
         ),
         (
             ["approve", "--workspace", "acme", "--version", "v404", "--user", "alex"],

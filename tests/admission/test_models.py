@@ -78,6 +78,56 @@ def test_postgres_trigger_refuses_raw_update_and_delete(ledger, table, assignmen
 
 
 @pytest.mark.postgres
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE admission_rollbackrequest SET status = 'pending', decided_by_id = NULL, "
+        "decided_at = NULL",
+        "UPDATE admission_rollbackrequest SET comment = 'rewritten afterwards'",
+        "UPDATE admission_rollbackrequest SET decided_by_id = requested_by_id",
+        "UPDATE admission_rollbackrequest SET reason = 'forged'",
+        "DELETE FROM admission_rollbackrequest",
+    ],
+)
+def test_postgres_trigger_keeps_decided_rollback_requests_append_only(ledger, approver, statement):
+    services.rollback_request_reject(request=ledger["request"], approver=approver, comment="no")
+    with (
+        pytest.raises(DatabaseError, match="admission: "),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(statement)
+    decided = RollbackRequest.objects.get()
+    assert (decided.status, decided.comment, decided.decided_by) == ("rejected", "no", approver)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE admission_rollbackrequest SET reason = 'forged', status = 'rejected', "
+        "decided_by_id = {approver}, decided_at = now()",
+        "UPDATE admission_rollbackrequest SET target_id = {v2}",
+        "UPDATE admission_rollbackrequest SET comment = 'still pending'",
+        "DELETE FROM admission_rollbackrequest",
+    ],
+)
+def test_postgres_trigger_lets_a_pending_request_change_only_by_being_decided(
+    ledger, approver, statement
+):
+    sql = statement.format(approver=approver.pk, v2=ledger["v2"].pk)
+    with (
+        pytest.raises(DatabaseError, match="admission: "),
+        transaction.atomic(),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(sql)
+    assert RollbackRequest.objects.get().status == "pending"
+    services.rollback_request_approve(request=ledger["request"], approver=approver)
+    assert RollbackRequest.objects.get().status == "approved"
+
+
+@pytest.mark.postgres
 def test_postgres_trigger_refuses_an_approval_whose_proposer_is_not_the_versions(
     workspace, proposer, approver, make_user, make_document
 ):

@@ -8,12 +8,11 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.test import Client
 
 from admission import services
-from admission.models import ProfileChangeRecord, RollbackRequest
+from admission.models import ProfileChangeRecord, RollbackRequest, WorkspaceMembership
 from evaluator.harness.records import FLAG_OFFLINE_PASSED, FLAG_QUALIFIED, evidence_flags
 from evaluator.models import LoadRun
 from evaluator.services import InvalidRunRequest, load_run_execute, load_run_submit
@@ -39,14 +38,12 @@ def _messages(response: Any) -> list[str]:
 
 
 @pytest.fixture
-def load_runner(approver: Any) -> Any:
-    """The approver may also start load runs (and so what-if runs)."""
-    approver.user_permissions.add(
-        *Permission.objects.filter(
-            content_type__app_label="evaluator", codename__in=("add_loadrun", "view_loadrun")
-        )
-    )
-    return type(approver).objects.get(pk=approver.pk)
+def load_runner(approver: Any, workspace: Any, proposer: Any, monkeypatch: Any) -> Any:
+    """alex, an operator, may start load runs (and so what-if runs); pat, only an approver
+    here, may not. The shell proves alex's identity with his password."""
+    WorkspaceMembership.objects.filter(workspace=workspace, user=proposer).update(role="approver")
+    monkeypatch.setenv("SLUICE_PROFILES_PASSWORD", "alex-password")
+    return approver
 
 
 def _tight(make_document: Any, label: str) -> dict[str, Any]:
@@ -141,7 +138,9 @@ def test_a_passing_what_if_from_the_shell_is_kept_and_printed(
     assert run.passed is True and run.record["mode"] == "what-if"
 
 
-def test_what_if_command_errors_are_typed(workspace, proposer, load_runner, make_document):
+def test_what_if_command_errors_are_typed(
+    workspace, proposer, load_runner, make_document, monkeypatch
+):
     services.profile_version_propose(
         workspace=workspace, document=make_document("v1"), proposed_by=proposer
     )
@@ -150,8 +149,10 @@ def test_what_if_command_errors_are_typed(workspace, proposer, load_runner, make
         call_command(*base, "--user", "alex", "--map-principal", "nobody=noisy")
     with pytest.raises(CommandError, match="MANIFEST_ID=PROFILE_ID"):
         call_command(*base, "--user", "alex", "--map-provider", "jev")
-    with pytest.raises(CommandError, match=r"evaluator\.add_loadrun"):
+    monkeypatch.setenv("SLUICE_PROFILES_PASSWORD", "pat-password")
+    with pytest.raises(CommandError, match="you may not start load runs in workspace acme"):
         call_command(*base, "--user", "pat")
+    monkeypatch.setenv("SLUICE_PROFILES_PASSWORD", "alex-password")
     with pytest.raises(CommandError, match="no profile version 'v9'"):
         call_command("profiles", "what-if", "v9", "--workspace", "acme", "--user", "alex")
     assert not LoadRun.objects.exists()
@@ -179,6 +180,8 @@ def test_a_what_if_needs_a_version_of_the_same_workspace_and_an_offline_target(
     version = services.profile_version_propose(
         workspace=workspace, document=make_document("v1"), proposed_by=proposer
     )
+    # The operator may run load in both workspaces: what refuses is the version's workspace.
+    other_workspace.members.add(load_runner, through_defaults={"role": "operator"})
     with pytest.raises(InvalidRunRequest) as refused:
         load_run_submit(
             other_workspace if elsewhere else workspace,
@@ -211,7 +214,7 @@ def test_the_what_if_form_reports_a_bad_mapping_on_the_page(
     assert not LoadRun.objects.exists()
 
 
-def test_the_what_if_action_needs_the_load_run_permission(workspace, proposer):
+def test_the_what_if_action_needs_the_operator_role(workspace, proposer, load_runner):
     choices = _login(proposer).get(VERSIONS_URL).context["action_form"].fields["action"].choices
     assert "run_what_if" not in [name for name, _ in choices]
 

@@ -233,10 +233,10 @@ def test_approval_needs_every_checklist_item(workspace, proposer, approver, make
 
 def test_a_version_is_decided_once(workspace, approver, approved, make_user):
     version = approved("v1")
+    third = make_user("third")
+    workspace.members.add(third, through_defaults={"role": "approver"})
     with pytest.raises(services.ProfileApprovalError, match="already been decided"):
-        services.profile_version_reject(
-            version=version, approver=make_user("third"), comment="too late"
-        )
+        services.profile_version_reject(version=version, approver=third, comment="too late")
 
 
 def test_rejection_needs_a_comment(workspace, proposer, approver, make_document):
@@ -285,6 +285,7 @@ def test_rollback_request_rules(workspace, proposer, approver, approved, other_w
         services.rollback_request_create(workspace=workspace, target=v3, requested_by=proposer)
     with pytest.raises(services.RollbackRequestError, match="already the current"):
         services.rollback_request_create(workspace=workspace, target=v2, requested_by=proposer)
+    other_workspace.members.add(proposer, through_defaults={"role": "operator"})
     with pytest.raises(services.RollbackRequestError, match="does not belong"):
         services.rollback_request_create(
             workspace=other_workspace, target=v1, requested_by=proposer

@@ -35,6 +35,9 @@ EVALUATION = jsonschema.Draft202012Validator(document_schema("evaluation"))
 PROFILE_BEYOND_SCHEMA = re.compile(
     r"reservedConcurrency: \d+ is above this principal's concurrency"
     r"|^principals: reservedConcurrency sums to|: duplicate principal id "
+    # The schema names the invisible characters people paste; Python's full list of
+    # non-printable code points (unassigned, private use, other separators) it cannot.
+    r"| must be printable text \(U\+"
 )
 EVALUATION_BEYOND_SCHEMA = re.compile(
     r"\.prompt: refers to missing input|\.id: repeats an earlier id"

@@ -30,7 +30,6 @@ def test_round_trip_of_a_full_ruleset():
                 "spam",
                 retry={"maxAttempts": 3, "initialBackoffMs": 50, "maxBackoffMs": 400},
                 costPerTokenUsd=0.000002,
-                apiKeyEnv="OPENAI_API_KEY",
                 fallbacks=[{"adapter": "backup", "model": "m2", "timeoutMs": 500}],
             ),
             {

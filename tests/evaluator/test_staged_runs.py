@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 
 from admission.models import Workspace
@@ -49,17 +48,16 @@ def staged(settings: Any, server: LoopbackServer) -> Any:
 
 
 @pytest.fixture
-def operator(django_user_model: Any) -> Any:
-    user = django_user_model.objects.create_user("lena", is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(content_type__app_label="evaluator", codename="add_loadrun")
-    )
-    return django_user_model.objects.get(pk=user.pk)
+def workspace() -> Workspace:
+    return Workspace.objects.create(key="acme", name="Acme")
 
 
 @pytest.fixture
-def workspace() -> Workspace:
-    return Workspace.objects.create(key="acme", name="Acme")
+def operator(django_user_model: Any, workspace: Workspace) -> Any:
+    """An operator of acme: the role that starts load runs."""
+    user = django_user_model.objects.create_user("lena", is_staff=True)
+    workspace.members.add(user, through_defaults={"role": "operator"})
+    return user
 
 
 def _refusal(workspace: Workspace, operator: Any) -> InvalidRunRequest:

@@ -174,6 +174,12 @@ class Deployment:
             SLUICE_ADMISSION_RECOVERY_GRACE_MS="200",
             SLUICE_ADAPTERS=self.adapters(latency_ms=20),
             PYTHONUNBUFFERED="1",
+            # Plain HTTP on loopback, as the demo launcher allows itself.
+            DJANGO_HTTPS="0",
+            # These tests poll faster than any person; throttling has tests of its own.
+            SLUICE_THROTTLE_USER="off",
+            SLUICE_THROTTLE_WORKSPACE="off",
+            SLUICE_THROTTLE_SUBMIT="off",
         )
         if mode == "full":
             database_url, broker_url = full_mode_urls()

@@ -1,4 +1,4 @@
-"""Who may submit and read runs: members for evaluations, permissioned staff for load runs."""
+"""Who may submit and read runs: members for evaluations, operators for load runs."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ def workspace():
     return Workspace.objects.create(key="acme", name="Acme")
 
 
-def _client(django_user_model, username, *, staff=False, perms=(), member_of=None):
+def _client(django_user_model, username, *, staff=False, perms=(), member_of=None, role="member"):
     user = django_user_model.objects.create_user(username=username, is_staff=staff)
     user.user_permissions.add(
         *Permission.objects.filter(content_type__app_label="evaluator", codename__in=perms)
     )
     if member_of is not None:
-        member_of.members.add(user)
+        member_of.members.add(user, through_defaults={"role": role})
     client = APIClient()
     client.force_authenticate(user)
     return client
@@ -49,15 +49,23 @@ def test_a_member_needs_an_active_profile_to_submit(django_user_model, workspace
 
 
 def test_anonymous_callers_are_refused(workspace):
-    assert APIClient().get("/api/workspaces/acme/evaluations/").status_code in (401, 403)
+    response = APIClient().get("/api/workspaces/acme/evaluations/")
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Token"
 
 
 @pytest.mark.parametrize(
-    ("staff", "perms"),
-    [(False, ("add_loadrun", "view_loadrun")), (True, ("view_loadrun",)), (True, ())],
+    ("staff", "perms", "role"),
+    [
+        (True, ("add_loadrun", "view_loadrun"), "approver"),
+        (False, ("add_loadrun",), "member"),
+        (True, (), "viewer"),
+    ],
 )
-def test_load_runs_need_staff_with_the_permission(django_user_model, workspace, staff, perms):
-    client = _client(django_user_model, "sam", staff=staff, perms=perms, member_of=workspace)
+def test_load_runs_need_the_operator_role(django_user_model, workspace, staff, perms, role):
+    client = _client(
+        django_user_model, "sam", staff=staff, perms=perms, member_of=workspace, role=role
+    )
     body = {"manifest": "load-manifest.v2.json", "target": "admission-controller"}
     response = client.post("/api/workspaces/acme/load-runs/", body, format="json")
     assert response.status_code == 403

@@ -54,7 +54,7 @@ def test_make_run_in_a_fresh_clone_serves_runs_and_stops_cleanly(tmp_path):
     env = {
         key: value
         for key, value in os.environ.items()
-        if key not in _STRIPPED and not key.startswith("SLUICE_")
+        if key not in _STRIPPED and not key.startswith(("SLUICE_", "DJANGO_"))
     }
     venv_bin = str(ROOT / ".venv" / "bin")
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != venv_bin)
@@ -88,6 +88,10 @@ def test_make_run_in_a_fresh_clone_serves_runs_and_stops_cleanly(tmp_path):
 
         match = re.search(r"user demo-proposer\s+password (\S+)\s+API token (\w+)", output())
         assert match, output()
+        # No DJANGO_SECRET_KEY given: the demo generated one for this deployment, owner-only.
+        key_file = clone / "var" / "secret-key"
+        assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+        assert match.group(1) not in ("proposer-demo-pass", "(shown")
         headers = {"Authorization": f"Token {match.group(2)}"}
         response = httpx.post(
             f"{base}/api/workspaces/demo/evaluations/",

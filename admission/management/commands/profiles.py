@@ -1,21 +1,36 @@
-"""`manage.py profiles`: the profile workflow from a shell, through the same services."""
+"""`manage.py profiles`: the profile workflow from a shell, through the same services.
+
+Every subcommand acts as `--user`, and only once that user proved who they are: with their API
+token (`SLUICE_PROFILES_TOKEN`) or password (`SLUICE_PROFILES_PASSWORD`) from the environment,
+or typed at a prompt when the command runs in a terminal. The services then apply the same
+workspace roles (`admission.access`) and four-eyes rules as the admin and the API.
+"""
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from rest_framework.exceptions import AuthenticationFailed
 
-from admission import selectors, services
+from admission import access, selectors, services
 from admission.core import InvalidProfileError
 from admission.models import RUNBOOK_ID, ProfileVersion, RollbackRequest, Workspace
+from config.api_auth import ApiTokenAuthentication
+from config.untrusted_json import UntrustedJSONError, check_json_value, load_untrusted_json
 from evaluator import qualification
 from evaluator.services import RunServiceError, load_run_execute, load_run_submit
 
 CHECKLIST_IDS = [key for key, _ in services.RUNBOOK_CHECKLIST]
+TOKEN_VARIABLE = "SLUICE_PROFILES_TOKEN"
+PASSWORD_VARIABLE = "SLUICE_PROFILES_PASSWORD"
 
 
 class Command(BaseCommand):
@@ -65,7 +80,7 @@ class Command(BaseCommand):
             decide.add_argument("--comment", required=needs_comment, default="")
 
         listing = commands.add_parser("list", help="List a workspace's versions.")
-        listing.add_argument("--workspace", required=True, metavar="KEY")
+        _workspace_and_user(listing)
 
         what_if = commands.add_parser(
             "what-if",
@@ -89,7 +104,7 @@ class Command(BaseCommand):
         what_if.add_argument("--json", action="store_true", help="Print the whole record.")
 
         history = commands.add_parser("history", help="Show a workspace's change records.")
-        history.add_argument("--workspace", required=True, metavar="KEY")
+        _workspace_and_user(history)
         history.add_argument("--kind", choices=["initial", "change", "rollback"])
         history.add_argument("--json", action="store_true", help="One JSON record per line.")
 
@@ -97,17 +112,23 @@ class Command(BaseCommand):
         subcommand = options["subcommand"].replace("-", "_")
         if subcommand == "rollback":
             subcommand = f"rollback_{options['step']}"
+        for name in ("comment", "reason"):
+            if options.get(name):
+                _check_text(options[name], f"--{name}")
+        options["actor"] = _authenticated(options["user"])
         try:
             getattr(self, f"_{subcommand}")(options)
         except (services.ProfileServiceError, InvalidProfileError) as error:
             raise CommandError(str(error)) from error
+        except access.AccessDenied as denied:
+            raise CommandError(f"{options['user']}: {denied}") from denied
         except RunServiceError as error:
             where = f"{error.field}: " if error.field else ""
             raise CommandError(f"{where}{error}") from error
 
     def _propose(self, options: dict[str, Any]) -> None:
         workspace = _workspace(options["workspace"])
-        user = _user(options["user"])
+        user = options["actor"]
         document = _read_document(options["file"])
         try:
             version = services.profile_version_propose(
@@ -131,7 +152,7 @@ class Command(BaseCommand):
         version = _version(options["workspace"], options["version"])
         services.profile_version_approve(
             version=version,
-            approver=_user(options["user"]),
+            approver=options["actor"],
             checklist={key: key in confirmed for key in CHECKLIST_IDS},
             comment=options["comment"],
         )
@@ -140,13 +161,13 @@ class Command(BaseCommand):
     def _reject(self, options: dict[str, Any]) -> None:
         version = _version(options["workspace"], options["version"])
         services.profile_version_reject(
-            version=version, approver=_user(options["user"]), comment=options["comment"]
+            version=version, approver=options["actor"], comment=options["comment"]
         )
         self.stdout.write(self.style.SUCCESS(f"Rejected {version}."))
 
     def _activate(self, options: dict[str, Any]) -> None:
         version = _version(options["workspace"], options["version"])
-        record = services.profile_version_activate(version=version, actor=_user(options["user"]))
+        record = services.profile_version_activate(version=version, actor=options["actor"])
         self.stdout.write(self.style.SUCCESS(_describe(record)))
 
     def _rollback_request(self, options: dict[str, Any]) -> None:
@@ -154,7 +175,7 @@ class Command(BaseCommand):
         services.rollback_request_create(
             workspace=version.workspace,
             target=version,
-            requested_by=_user(options["user"]),
+            requested_by=options["actor"],
             reason=options["reason"],
         )
         self.stdout.write(
@@ -164,19 +185,20 @@ class Command(BaseCommand):
     def _rollback_approve(self, options: dict[str, Any]) -> None:
         request = _pending_rollback(options["workspace"])
         record = services.rollback_request_approve(
-            request=request, approver=_user(options["user"]), comment=options["comment"]
+            request=request, approver=options["actor"], comment=options["comment"]
         )
         self.stdout.write(self.style.SUCCESS(_describe(record)))
 
     def _rollback_reject(self, options: dict[str, Any]) -> None:
         request = _pending_rollback(options["workspace"])
         services.rollback_request_reject(
-            request=request, approver=_user(options["user"]), comment=options["comment"]
+            request=request, approver=options["actor"], comment=options["comment"]
         )
         self.stdout.write(self.style.SUCCESS(f"Rejected the rollback to {request.target}."))
 
     def _list(self, options: dict[str, Any]) -> None:
         workspace = _workspace(options["workspace"])
+        access.require(options["actor"], access.VIEW, workspace)
         for version in selectors.profile_version_list(workspace=workspace):
             self.stdout.write(
                 f"{version.profile_version}\t{selectors.version_status(version)}\t"
@@ -191,7 +213,7 @@ class Command(BaseCommand):
         }
         run = load_run_submit(
             version.workspace,
-            _user(options["user"]),
+            options["actor"],
             options["manifest"],
             options["target"],
             what_if_version=version,
@@ -224,6 +246,7 @@ class Command(BaseCommand):
 
     def _history(self, options: dict[str, Any]) -> None:
         workspace = _workspace(options["workspace"])
+        access.require(options["actor"], access.VIEW, workspace)
         records = selectors.profile_history_list(workspace=workspace, kind=options["kind"])
         for record in records.order_by("at", "id"):
             if options["json"]:
@@ -239,7 +262,12 @@ class Command(BaseCommand):
 
 def _workspace_and_user(parser: CommandParser) -> None:
     parser.add_argument("--workspace", required=True, metavar="KEY")
-    parser.add_argument("--user", required=True, metavar="NAME", help="Who does it.")
+    parser.add_argument(
+        "--user",
+        required=True,
+        metavar="NAME",
+        help=f"Who does it; proven by {TOKEN_VARIABLE}, {PASSWORD_VARIABLE} or a prompt.",
+    )
 
 
 def _version_and_user(parser: CommandParser) -> None:
@@ -278,12 +306,52 @@ def _pending_rollback(workspace_key: str) -> RollbackRequest:
     return request
 
 
-def _user(username: str) -> Any:
-    model = get_user_model()
+def _authenticated(username: str) -> Any:
+    """The user named `username`, once their token or password checked out."""
+    # A credential for this one invocation, like an argument: not a deployment setting.
+    token = os.environ.get(TOKEN_VARIABLE, "")
+    password = os.environ.get(PASSWORD_VARIABLE, "")
+    if not token and not password:
+        if not sys.stdin.isatty():
+            raise CommandError(
+                f"prove who {username} is: set {TOKEN_VARIABLE} (their API token) or "
+                f"{PASSWORD_VARIABLE}, or run the command in a terminal to be asked"
+            )
+        secret = getpass.getpass(f"API token or password of {username}: ")
+        token = password = secret
+    user = _by_token(token) if token else None
+    if user is None or user.get_username() != username:
+        user = _by_password(username, password) if password else None
+    if user is None:
+        raise CommandError(
+            f"could not verify that you are {username}: wrong or expired credentials"
+        )
+    return user
+
+
+def _by_token(token: str) -> Any:
     try:
-        return model._default_manager.get_by_natural_key(username)
-    except model.DoesNotExist as missing:
-        raise CommandError(f"unknown user {username!r}") from missing
+        user, _ = ApiTokenAuthentication().authenticate_credentials(token.encode("utf-8"))
+    except (AuthenticationFailed, UnicodeEncodeError):
+        return None
+    return user
+
+
+def _by_password(username: str, password: str) -> Any:
+    model = get_user_model()
+    user = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
+    if user is None:
+        # Spend the time a real check takes, so the answer does not tell who exists.
+        model().set_password(password)
+        return None
+    return user if user.is_active and user.check_password(password) else None
+
+
+def _check_text(value: str, option: str) -> None:
+    try:
+        check_json_value(value, option)
+    except UntrustedJSONError as error:
+        raise CommandError(str(error)) from None
 
 
 def _read_document(path: str) -> Any:
@@ -295,11 +363,9 @@ def _read_document(path: str) -> Any:
     except (OSError, UnicodeDecodeError) as unreadable:
         raise CommandError(f"cannot read {path}: {unreadable}") from unreadable
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        raise CommandError(
-            f"{path} is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
-        ) from error
+        return load_untrusted_json(text, max_depth=settings.SLUICE_MAX_JSON_DEPTH)
+    except UntrustedJSONError as error:
+        raise CommandError(f"{path}: {error}") from None
 
 
 def _describe(record: Any) -> str:

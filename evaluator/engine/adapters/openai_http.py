@@ -74,8 +74,9 @@ class OpenAIChatAdapter:
     ``base_url`` is the server root (``https://api.example.com``); the adapter posts to
     ``/v1/chat/completions``. ``client`` may be a shared ``httpx.AsyncClient`` (the caller closes
     it); otherwise the adapter makes a pooled one on first use and ``aclose()`` closes it.
-    ``api_key_env`` is the default environment variable for the key; a target's ``apiKeyEnv``
-    overrides it. Chat completions have no side effects, so the adapter is idempotent.
+    ``api_key_env`` names the environment variable that holds the key; it comes from the
+    deployment's configuration only. Chat completions have no side effects, so the adapter is
+    idempotent.
     """
 
     idempotent = True
@@ -118,7 +119,7 @@ class OpenAIChatAdapter:
 
     def _headers(self, call: AdapterCall) -> dict[str, str]:
         headers = {"content-type": "application/json", "accept": "application/json"}
-        env_name = call.target.api_key_env or self._api_key_env
+        env_name = self._api_key_env
         if env_name is not None:
             key = os.environ.get(env_name)
             if not key:
