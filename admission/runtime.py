@@ -62,6 +62,22 @@ def build_registry() -> AdmissionRegistry:
     return AdmissionRegistry(controller_factory=coordinator.controller)
 
 
+_observer: RedisCoordinator | None = None
+
+
+def shared_state_observer() -> RedisCoordinator | None:
+    """A coordinator for reading the deployment's shared admission state from this process
+    (`state_sync`), or None when admission is in-process. It takes no part in admission."""
+    global _observer
+    coordination = coordination_settings()
+    if coordination is None:
+        return None
+    with _lock:
+        if _observer is None or _observer.settings != coordination:
+            _observer = RedisCoordinator(coordination, process_id="observer")
+        return _observer
+
+
 _registry_factory: Callable[[], AdmissionRegistry] = build_registry
 
 

@@ -317,7 +317,8 @@ class CoordinatedController:
         return self._snapshots.get(principal_id, QueueSnapshot(active=0, queued=0))
 
     async def state(self, principal_id: str = "", minutes: int = 0) -> dict[str, Any]:
-        """What Redis holds for this workspace now (operators' views, tests)."""
+        """What Redis holds for this workspace now, as stored (tests); operators' views use
+        `RedisCoordinator.state_sync`."""
         return await self._coordinator.call("state", self.workspace_id, principal_id, minutes)
 
     def release_budget(self, budget_id: str) -> None:

@@ -45,6 +45,13 @@ POOL_CONNECTIONS = 32
 StaleHandler = Callable[[str], Awaitable[None]]
 
 
+def count_key(field: str) -> str:
+    """A stored count field (`<len>:<provider>decision|reason`) as `provider|decision|reason`."""
+    length, _, rest = field.partition(":")
+    size = int(length)
+    return f"{rest[:size]}|{rest[size:]}"
+
+
 class CoordinationUnavailable(Exception):
     """Redis did not answer in time or at all; nothing was decided."""
 
@@ -242,6 +249,26 @@ class RedisCoordinator:
         except (redis.RedisError, OSError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         result: dict[str, Any] = json.loads(raw)
+        return result
+
+    def state_sync(
+        self, workspace_id: str, *, principal_id: str = "", minutes: int = 0
+    ) -> dict[str, Any]:
+        """What Redis holds for a workspace now, from outside any event loop (operators' views,
+        metrics): every scope's active and queued figures, limits, breakers, pauses, waiters,
+        leases, per-minute decision counts for the last `minutes` and running totals. Count
+        keys are `provider|decision|reason` (see `count_key`). Raises `CoordinationUnavailable`.
+        """
+        result = self.call_sync("state", workspace_id, principal_id, minutes)
+        for name in ("counts", "totals"):
+            if name == "counts":
+                result[name] = {
+                    minute: {count_key(k): v for k, v in counts.items()}
+                    for minute, counts in (result.get(name) or {}).items()
+                }
+            else:
+                result[name] = {count_key(k): v for k, v in (result.get(name) or {}).items()}
+        result["transitions"] = [json.loads(item) for item in result.get("transitions") or ()]
         return result
 
     def _note_epoch(self, result: dict[str, Any]) -> None:

@@ -28,6 +28,8 @@
 --   P:{ws}:q:<lane>          list  waiter ids of one (provider, principal) lane, oldest first
 --   P:{ws}:rot               zset  lane -> rotation position (least recently served first)
 --   P:{ws}:bt                list  breaker transitions, newest first, bounded
+--   P:{ws}:ct:<minute>       hash  decisions of one minute by provider|decision|reason (2 h)
+--   P:{ws}:tot               hash  the same, totals since the state began
 
 -- The arguments and the time of the call being served; `begin` sets them for every call.
 local ARGV, PFX, IDLE_TTL, PROC, PROC_TTL, KNOWN_EPOCH, GRACE, BUDGET_TTL, NOW
@@ -308,10 +310,13 @@ local DELAY_BOUNDS = {0, 5, 25, 100, 250, 1000, 2500, 10000, 30000}
 
 local function count(prov, decision, reason, n)
   n = n or 1
+  local field = enc(prov) .. decision .. '|' .. reason
   local key = BASE .. 'ct:' .. string.format('%.0f', floor(NOW / 60000))
-  if redis.call('HINCRBY', key, enc(prov) .. decision .. '|' .. reason, n) == n then
+  if redis.call('HINCRBY', key, field, n) == n then
     redis.call('PEXPIRE', key, COUNT_TTL, 'NX')
   end
+  -- Running totals since the state began (monitoring counters); bounded by the vocabulary.
+  redis.call('HINCRBY', BASE .. 'tot', field, n)
 end
 
 local function count_delay(prov, delay)

@@ -42,5 +42,9 @@ for m = this - minutes + 1, this do
     end
   end
 end
+local totals = {}
+local flat = redis.call('HGETALL', BASE .. 'tot')
+for i = 1, #flat, 2 do totals[flat[i]] = tonumber(flat[i + 1]) end
+out.totals = totals
 out.now = NOW
 return reply(out)

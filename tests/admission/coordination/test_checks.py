@@ -9,6 +9,7 @@ import pytest
 
 from admission.core import AdmissionRejected, CancelSignal
 from tests.admission.coordination.conftest import (
+    WORKSPACE,
     Deployment,
     profile,
     request,
@@ -399,7 +400,7 @@ def test_idle_state_expires_and_nothing_grows(deployment: Deployment) -> None:
             (await process.controller().acquire(request(budget=f"inv-{i}"))).release(success=True)
         await settle(deployment)
         client = deployment.client
-        lasting = {"prof", "meta"}
+        lasting = {"prof", "meta", "tot"}
         for key in deployment.stored_keys():
             suffix = key.rsplit("}:", 1)[-1] if "}:" in key else key.rsplit(":", 1)[-1]
             if suffix in lasting or key.endswith((":epoch", ":procs")) or ":pw:" in key:
@@ -409,5 +410,29 @@ def test_idle_state_expires_and_nothing_grows(deployment: Deployment) -> None:
         await until(
             lambda: not [k for k in deployment.stored_keys() if ":b:" in k or ":s:" in k], timeout=5
         )
+
+    run(deployment, scenario)
+
+
+def test_operators_read_the_shared_state_without_a_loop(deployment: Deployment) -> None:
+    process = deployment.process(
+        register=profile(providers={"llm": {"concurrency": 1, "maxQueueLength": 1}})
+    )
+
+    async def scenario() -> None:
+        held = await process.controller().acquire(request())
+        waiting = asyncio.ensure_future(process.controller().acquire(request("bob")))
+        await until(lambda: deployment.queued("V:llm") == 1)
+        with pytest.raises(AdmissionRejected):
+            await process.controller().acquire(request("bob", budget="b2"))
+        state = process.coordinator.state_sync(WORKSPACE, minutes=5)
+        assert state["rev"] == "v1"
+        assert state["providers"]["llm"]["a"] == 1 and state["providers"]["llm"]["q"] == 1
+        assert state["leases"] == 1 and state["waiters"] == 1
+        assert state["totals"]["llm|admit|admitted"] == 1
+        assert state["totals"]["llm|reject|queue-full"] == 1
+        assert sum(c.get("llm|defer|concurrency", 0) for c in state["counts"].values()) == 1
+        held.release(success=True)
+        (await asyncio.wait_for(waiting, 5)).release(success=True)
 
     run(deployment, scenario)
