@@ -301,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     setup.set_defaults(handler=demo_setup_command)
     _add_web_command(commands)
     args = parser.parse_args(argv)
-    _demo_environment(args.addr)
+    if args.command in ("run", "demo-setup"):
+        # Only the demo makes its own key and plain-HTTP allowance; `web` is production's.
+        _demo_environment(args.addr)
     return int(args.handler(args))
 
 

@@ -107,6 +107,8 @@ _database_url = env_str("DATABASE_URL", "")
 if _database_url:
     DATABASES = {"default": database_from_url(_database_url, BASE_DIR)}
 else:
+    # The embedded database lives in the var dir, which a fresh checkout does not have yet.
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",

@@ -204,15 +204,7 @@ class RedisCoordinator:
         self.round_trips[name] += 1
         arguments = [*self._header(workspace_id), *args]
         try:
-            try:
-                async with self._slots:
-                    raw = await self._client.fcall(function_name(name), 0, *arguments)
-            except redis.ResponseError as error:
-                if not is_missing_function(error):
-                    raise
-                # A Redis that restarted has lost the library: load it and call again.
-                await self._client.function_load(library_code(), replace=True)
-                raw = await self._client.fcall(function_name(name), 0, *arguments)
+            raw = await self._fcall(name, arguments)
         except redis.ResponseError as error:
             # A function that fails is a bug, not an outage: say so loudly, and fail closed.
             logger.error("admission function %s failed: %s", name, error)
@@ -226,6 +218,28 @@ class RedisCoordinator:
             return await self.call(name, workspace_id, *args)
         self._note_epoch(result)
         return result
+
+    async def _fcall(self, name: str, arguments: list[Any]) -> Any:
+        client = self._client
+        assert client is not None
+        reconnected = loaded = False
+        while True:
+            try:
+                async with self._slots:
+                    return await client.fcall(function_name(name), 0, *arguments)
+            except (redis.ConnectionError, ConnectionError):
+                if reconnected:
+                    raise
+                # Pooled connections die together (Redis restarted, the network blinked): drop
+                # them all and try once more on a fresh one. Every function is safe to repeat.
+                reconnected = True
+                await client.connection_pool.disconnect()
+            except redis.ResponseError as error:
+                if loaded or not is_missing_function(error):
+                    raise
+                # A Redis that restarted has lost the library: load it, then call again.
+                loaded = True
+                await client.function_load(library_code(), replace=True)
 
     def call_sync(self, name: str, workspace_id: str, *args: Any) -> dict[str, Any]:
         """Run one script from outside the event loop (profile installs, operator views)."""

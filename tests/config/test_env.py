@@ -66,7 +66,13 @@ def _settings_probe(env: dict[str, str], code: str) -> subprocess.CompletedProce
     return subprocess.run(
         [sys.executable, "-c", "import django; django.setup(); " + code],
         cwd=ROOT,
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), **env},
+        # A deployment's settings need a key; the probe's signs nothing.
+        env={
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(ROOT),
+            "DJANGO_SECRET_KEY": "settings-probe",
+            **env,
+        },
         capture_output=True,
         text=True,
         check=False,

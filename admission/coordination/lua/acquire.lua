@@ -8,6 +8,20 @@ local w = {
   id = ARGV[10], pid = ARGV[11], prov = ARGV[12], bud = ARGV[13], proc = PROC,
   tok = tonumber(ARGV[14]), cost = tonumber(ARGV[15]), att = tonumber(ARGV[16]), arr = NOW,
 }
+-- A call repeated after a lost connection must not take a second permit or place.
+if redis.call('HEXISTS', LEASES, w.id) == 1 then
+  local lease = cjson.decode(redis.call('HGET', LEASES, w.id))
+  local ev = evidence({pid = lease.pid, prov = lease.prov})
+  ev.st = 'admit'
+  ev.ep = epoch
+  return reply(ev)
+end
+if redis.call('HEXISTS', WAITERS, w.id) == 1 then
+  local ev = evidence(w)
+  ev.st = 'queued'
+  ev.ep = epoch
+  return reply(ev)
+end
 local rev = preload('W', 'P:' .. w.pid, 'V:' .. w.prov, 'rsv')
 if not rev then return reply({st = 'noprofile', ep = epoch}) end
 if rev ~= ARGV[9] then

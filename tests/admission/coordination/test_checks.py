@@ -17,6 +17,7 @@ from tests.admission.coordination.conftest import (
     settle,
     until,
 )
+from tests.private_services import PrivateRedis
 
 
 def test_evidence_counts_the_whole_deployment(deployment: Deployment) -> None:
@@ -434,5 +435,63 @@ def test_operators_read_the_shared_state_without_a_loop(deployment: Deployment) 
         assert sum(c.get("llm|defer|concurrency", 0) for c in state["counts"].values()) == 1
         held.release(success=True)
         (await asyncio.wait_for(waiting, 5)).release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_degraded_mode_divides_each_limit_by_the_live_processes(
+    private_redis: PrivateRedis,
+) -> None:
+    deployment = Deployment(private_redis.url, settings={"on_failure": "degraded"})
+    limits = {
+        "workspace": {"concurrency": 4},
+        "providers": {"llm": {"concurrency": 4}},
+        "principals": {"alice": {"concurrency": 4}, "bob": {"concurrency": 4}},
+    }
+    procs = [deployment.process() for _ in range(2)]
+    deployment.register(profile(**limits))
+
+    async def scenario() -> None:
+        for process in procs:
+            (await process.controller().acquire(request())).release(success=True)
+        await until(lambda: all(p.coordinator.live_processes == 2 for p in procs))
+        await settle(deployment)
+        private_redis.stop()
+        clock = procs[0].registry.clock
+        # Without Redis each process admits under half of every limit: two permits, not four.
+        held = [await procs[0].controller().acquire(request(budget=f"d{i}")) for i in range(2)]
+        assert all(lease.evidence.active <= 2 for lease in held)
+        with pytest.raises(AdmissionRejected) as refused:
+            await (
+                procs[0]
+                .controller()
+                .acquire(request(budget="d3", deadline_ms=clock.monotonic_ms() + 200))
+            )
+        assert refused.value.reason == "deadline-exceeded"
+        other = await procs[1].controller().acquire(request(budget="d4"))
+        for lease in (*held, other):
+            lease.release(success=True)
+
+    run(deployment, scenario)
+
+
+def test_fail_closed_refuses_while_redis_is_down_and_resumes(
+    private_redis: PrivateRedis,
+) -> None:
+    deployment = Deployment(private_redis.url)
+    process = deployment.process(register=profile())
+
+    async def scenario() -> None:
+        (await process.controller().acquire(request())).release(success=True)
+        await settle(deployment)
+        private_redis.stop()
+        with pytest.raises(AdmissionRejected) as refused:
+            await process.controller().acquire(request(budget="down"))
+        assert refused.value.reason == "coordination-unavailable"
+        assert refused.value.retryable and 1 <= refused.value.retry_after_ms <= 30_000
+        private_redis.start()
+        # The restarted Redis is empty: the profile goes back in, and admission resumes.
+        lease = await process.controller().acquire(request(budget="up"))
+        lease.release(success=True)
 
     run(deployment, scenario)

@@ -56,6 +56,10 @@ PRINCIPALS = ("alice", "bob", "carol")
 PROVIDERS = ("p1", "p2")
 
 
+async def _gather(tasks: list[asyncio.Task[Any]]) -> None:
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class CoordinatedAdmission(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -195,7 +199,7 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         gone = [task for index, task, _ in self.waiting if index == process]
         for task in gone:
             task.cancel()
-        self.loop.run_until_complete(asyncio.gather(*gone, return_exceptions=True))
+        self.loop.run_until_complete(_gather(gone))
         self.waiting = [entry for entry in self.waiting if entry[0] != process]
         self.leases = [entry for entry in self.leases if entry[0] != process]
         # Its lease lapses now rather than after the TTL, so the test needs no long wait.
@@ -277,7 +281,7 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         for _index, _task, signal in self.waiting:
             signal.cancel()
         tasks = [task for _index, task, _signal in self.waiting]
-        self.loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self.loop.run_until_complete(_gather(tasks))
         try:
             self.loop.run_until_complete(self.deployment.close())
         finally:

@@ -6,7 +6,6 @@ import json
 import re
 
 import pytest
-from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
 from admission.models import Workspace
@@ -58,13 +57,9 @@ def test_v1_has_no_admission_controller_path(manifest_v1):
 @pytest.mark.django_db
 def test_v1_for_the_controller_path_is_refused_at_submission(django_user_model):
     workspace = Workspace.objects.create(key="acme", name="Acme")
-    user = django_user_model.objects.create_user(username="sam", is_staff=True)
-    user.user_permissions.add(
-        *Permission.objects.filter(
-            content_type__app_label="evaluator", codename__in=("add_loadrun", "view_loadrun")
-        )
-    )
-    workspace.members.add(user)
+    user = django_user_model.objects.create_user(username="sam")
+    # Load runs are an operator's act in the workspace (admission.access).
+    workspace.members.add(user, through_defaults={"role": "operator"})
     client = APIClient()
     client.force_authenticate(user)
     body = {"manifest": "load-manifest.v1.json", "target": "admission-controller"}
