@@ -19,7 +19,7 @@ end
 local due = redis.call('ZRANGEBYSCORE', WAKES, '-inf', string.format('%.17g', NOW), 'LIMIT', 0, 16)
 for _, ws in ipairs(due) do
   use_ws(ws)
-  pump()
+  if pump() == nil then redis.call('ZREM', WAKES, ws) end
 end
 local audit = {}
 for ws, ids in pairs(cjson.decode(ARGV[10])) do

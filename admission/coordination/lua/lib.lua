@@ -628,6 +628,9 @@ end
 local function pump()
   local lw = limits('W')
   if not lw then return nil end
+  -- Nobody waits in this workspace: nothing to serve (a stale wake entry is cleared by the
+  -- next heartbeat that finds it due).
+  if scope(key_w()).q == 0 then return nil end
   local wake = nil
   local progressed = true
   while progressed do

@@ -281,7 +281,15 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         for _index, _task, signal in self.waiting:
             signal.cancel()
         tasks = [task for _index, task, _signal in self.waiting]
-        self.loop.run_until_complete(_gather(tasks))
+        try:
+            self.loop.run_until_complete(asyncio.wait_for(_gather(tasks), 10))
+        except TimeoutError:
+            stuck = [
+                (w.id, w.state, w.requeueing)
+                for p in self.processes
+                for w in p.coordinator.waiters.values()
+            ]
+            raise AssertionError(f"cancelled waiters did not leave: {stuck}") from None
         try:
             self.loop.run_until_complete(self.deployment.close())
         finally:
