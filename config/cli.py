@@ -1,7 +1,8 @@
 """`python -m config.cli run | demo-setup | web`: the newcomer's path to a running Sluice, and the
 production web server.
 
-`run` migrates, sets up the demo (idempotent), starts the web server and one Celery worker,
+`run` migrates, sets up the demo (idempotent), starts the web server and one Celery worker
+process (which runs many evaluations at once on its event loop, evaluator/runner.py),
 prints where to go and how to sign in, and stops both on Ctrl-C or SIGTERM. With no
 environment it runs on SQLite and the filesystem broker under var/; DATABASE_URL and
 CELERY_BROKER_URL switch it to PostgreSQL and Redis (or RabbitMQ), see docs/running.md.
@@ -215,6 +216,8 @@ def run_command(args: argparse.Namespace) -> int:
             "worker",
             "--loglevel",
             "INFO",
+            "--pool",
+            "threads",
             "--concurrency",
             str(args.concurrency),
             "--without-gossip",
@@ -278,14 +281,18 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("run", help="migrate, set up the demo, run web server and worker")
     try:
         addr = env_str("SLUICE_ADDR", "") or DEFAULT_ADDR
-        concurrency = env_int("SLUICE_WORKER_CONCURRENCY", 2, minimum=1)
+        concurrency = env_int("SLUICE_WORKER_CONCURRENCY", 4, minimum=1)
         show_credentials = env_bool("SLUICE_SHOW_CREDENTIALS", False)
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     run.add_argument("--addr", default=addr)
     run.add_argument(
-        "--concurrency", type=int, default=concurrency, help="worker processes (default 2)"
+        "--concurrency",
+        type=int,
+        default=concurrency,
+        help="Celery threads of the one worker process, for doorbells and load runs (default 4); "
+        "evaluations run on its event loop, SLUICE_WORKER_SLOTS at once",
     )
     run.add_argument(
         "--show-credentials",

@@ -41,6 +41,12 @@ _CONTROLLED = (
     "SLUICE_ADMISSION_REDIS_URL",
     "SLUICE_ADMISSION_KEY_PREFIX",
     "SLUICE_ADMISSION_RECOVERY_GRACE_MS",
+    "SLUICE_WORKER_SLOTS",
+    "SLUICE_WORKSPACE_RUNS_IN_FLIGHT",
+    "SLUICE_DISPATCH_POLL_SECONDS",
+    "SLUICE_RUN_HEARTBEAT_SECONDS",
+    "SLUICE_RUN_STALE_SECONDS",
+    "SLUICE_TEST_HOLD_PUBLISH",
     "DJANGO_SETTINGS_MODULE",
 )
 
@@ -234,7 +240,7 @@ class Deployment:
         return web
 
     def start_worker(
-        self, env: dict[str, str] | None = None, *, concurrency: int = 1, pool: str = "prefork"
+        self, env: dict[str, str] | None = None, *, concurrency: int = 2, pool: str = "threads"
     ) -> Process:
         name = f"worker-{len(self.processes)}"
         argv = [

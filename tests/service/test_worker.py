@@ -35,12 +35,16 @@ def test_an_evaluation_submitted_over_the_api_completes_on_a_real_worker(deploym
         assert attempt["sent"] is True
         assert attempt["evidence"]["decision"] == "admit"
         assert attempt["evidence"]["reason"] == "admitted"
-    # Celery's own record of the task, in django-celery-results.
+    # The run was claimed from the database by the worker process's runner, which registered
+    # itself; the doorbell stored no Celery result (the run row is the record).
     stored = deployment.django(
         "from django_celery_results.models import TaskResult;"
-        f"print(TaskResult.objects.get(task_id='{run['taskId']}').status)"
+        "from evaluator.models import EvaluationRun, WorkerProcess;"
+        f"run = EvaluationRun.objects.get(pk='{run['id']}');"
+        "worker = WorkerProcess.objects.get(pk=run.claimed_by);"
+        f"print(worker.slots, TaskResult.objects.filter(task_id='{run['taskId']}').count())"
     )
-    assert stored.strip() == "SUCCESS"
+    assert stored.split() == ["64", "0"]
 
     listing = deployment.api("GET", "/api/workspaces/demo/evaluations/").json()
     assert [item["id"] for item in listing["results"]] == [submitted["id"]]
