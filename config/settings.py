@@ -264,6 +264,9 @@ CELERY_WORKER_POOL = "threads"
 # Runs live in the database; workers claim them from there (evaluator/runner.py). Evaluations
 # one worker process runs at once on its event loop:
 SLUICE_WORKER_SLOTS = env_int("SLUICE_WORKER_SLOTS", 64, minimum=1)
+# Threads of a worker process that write receipts and results for its evaluations (each keeps
+# one database connection):
+SLUICE_WORKER_DB_THREADS = env_int("SLUICE_WORKER_DB_THREADS", 8, minimum=1)
 # Evaluations of one workspace running at once across the whole deployment:
 SLUICE_WORKSPACE_RUNS_IN_FLIGHT = env_int("SLUICE_WORKSPACE_RUNS_IN_FLIGHT", 16, minimum=1)
 
@@ -349,7 +352,11 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env_str("SLUICE_LOG_LEVEL", "") or "INFO"},
     # django-axes logs every successful sign-in at INFO; lockouts are warnings.
-    "loggers": {"axes": {"level": "WARNING"}},
+    "loggers": {
+        "axes": {"level": "WARNING"},
+        # One line per provider call would bury a busy worker's log.
+        "httpx": {"level": "WARNING"},
+    },
 }
 # Celery replaces the root logger's handlers unless told not to; JSON logs must survive that.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = SLUICE_LOG_FORMAT != "json"

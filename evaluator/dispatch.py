@@ -148,7 +148,6 @@ def runs_claim(worker_id: str, limit: int) -> list[EvaluationRun]:
         ):
             by_principal[(row["workspace_id"], row["principal_id"])] += row["n"]
             by_workspace[row["workspace_id"]] += row["n"]
-        now = timezone.now()
         while len(claimed) < limit and heads:
             waiting: dict[int, Any] = {}
             for (workspace, _), first in heads.items():
@@ -173,6 +172,7 @@ def runs_claim(worker_id: str, limit: int) -> list[EvaluationRun]:
             if run is None:
                 del heads[group]
                 continue
+            now = timezone.now()
             run.status = RUNNING
             run.claimed_by = worker_id
             run.claim = uuid.uuid4()

@@ -33,10 +33,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import DatabaseError, connections
 
@@ -46,6 +46,7 @@ from evaluator.deployment import AdapterConfigError, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.models import EvaluationRun
+from evaluator.receipts_db import DatabaseReceiptStore, in_database_thread
 from evaluator.worker import evaluation_loop
 
 __all__ = ["Runner", "current_runner", "start_runner", "stop_runner"]
@@ -80,6 +81,11 @@ class Runner:
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.slots = int(slots or settings.SLUICE_WORKER_SLOTS)
         self.loop = evaluation_loop()
+        # Receipts and results of this process's evaluations are written from these threads.
+        self.database = ThreadPoolExecutor(
+            max_workers=int(settings.SLUICE_WORKER_DB_THREADS), thread_name_prefix="sluice-db"
+        )
+        self.receipts = DatabaseReceiptStore(self.database)
         self.counters = _Counters()
         self._held: dict[uuid.UUID, _Held] = {}
         self._lock = threading.Lock()
@@ -143,6 +149,7 @@ class Runner:
             logger.warning("could not give runs back at shutdown: %s", type(error).__name__)
         finally:
             refresh.stop_listener()
+            self.database.shutdown(wait=False)
             connections.close_all()
 
     # ----------------------------------------------------------------- dispatcher
@@ -244,7 +251,9 @@ class Runner:
             await self._retrying(held, fail("configuration", str(error)))
             return
         try:
-            outcome = await services.evaluate(request, runtime.get_registry(), adapters)
+            outcome = await services.evaluate(
+                request, runtime.get_registry(), adapters, store=self.receipts
+            )
         except InvalidDefinitionError as error:
             await self._retrying(held, fail("invalid-definition", error.problem, error.field))
         except (ReceiptConflictError, DatabaseError) as error:
@@ -266,9 +275,8 @@ class Runner:
         wait = _RETRY_FIRST_SECONDS
         while not held.lost:
             try:
-                return await sync_to_async(action, thread_sensitive=True)()
+                return await in_database_thread(action, self.database)()
             except DatabaseError:
-                await sync_to_async(connections.close_all, thread_sensitive=True)()
                 await asyncio.sleep(wait)
                 wait = min(_RETRY_MAX_SECONDS, wait * 2)
         return None

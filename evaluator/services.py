@@ -221,11 +221,14 @@ async def evaluate(
     request: DecisionEvaluationRequest,
     registry: AdmissionRegistry,
     adapters: dict[str, Any],
+    *,
+    store: DatabaseReceiptStore | None = None,
 ) -> _Outcome:
     """Evaluate on the running loop with the database receipt store (resumes a receipt)."""
-    store = DatabaseReceiptStore()
-    # The store's thread keeps its connection between runs; drop it if the server went away.
-    await sync_to_async(close_old_connections, thread_sensitive=True)()
+    if store is None:
+        store = DatabaseReceiptStore()
+        # The store's thread keeps its connection between runs; drop it if the server went away.
+        await sync_to_async(close_old_connections, thread_sensitive=True)()
     profile = registry.current_profile(request.workspace_id)
     try:
         result = await evaluate_decision_ruleset(

@@ -97,3 +97,18 @@ def test_bad_requests_are_typed_400s_and_nothing_is_queued(deployment):
     # A workspace the caller does not belong to does not exist for it.
     assert deployment.api("GET", "/api/workspaces/other/evaluations/").status_code == 404
     assert deployment.api("GET", path).json()["results"] == []
+
+
+@pytest.mark.parametrize("mode", ["embedded"])
+def test_a_second_worker_without_shared_admission_refuses_to_start(deployment):
+    first = deployment.start_worker()
+    second = deployment.start("worker-second", ["-m", "celery", "-A", "config", "worker"])
+    # It stops by itself, saying why, and the first keeps running evaluations.
+    second.popen.wait(timeout=60)
+    assert "refuses to run evaluations" in second.log()
+    assert "SLUICE_ADMISSION_REDIS_URL" in second.log()
+    assert first.popen.poll() is None
+    deployment.start_web()
+    run = deployment.wait_run(deployment.submit(example_request(2))["id"])
+    assert run["status"] == "completed"
+    assert {call["pid"] for call in deployment.adapter_calls()} == {first.pid}
