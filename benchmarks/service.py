@@ -9,8 +9,11 @@ through at once (concurrency 256 at every level), so the figures show what the w
 not what admission allows. Submissions go through the REST API from 8 client threads;
 submit-to-complete is the run's `finishedAt - createdAt` as the server recorded it.
 
-Then, with one worker: a quiet workspace's 1-decision evaluation when nothing else runs, and
-again one second into a noisy workspace's burst (`--burst`, default 100 evaluations).
+Each is measured twice: submitted while the workers run (`--cap`, the default per-workspace
+cap of runs in flight), and queued first with the workers started afterwards (`--backlog-cap`),
+which shows what the workers do apart from the web server. Then, with one worker: a quiet
+workspace's 1-decision evaluation when nothing else runs, and again one second into a noisy
+workspace's burst (`--burst`, default 100 evaluations).
 
 Runs on the embedded default (SQLite and the filesystem broker; one worker only) and, when
 DATABASE_URL and CELERY_BROKER_URL point at PostgreSQL and Redis, on those too. Prints
@@ -108,38 +111,48 @@ def _wait_all(deployment: Deployment, ids: set[str], path: str, user: str) -> li
     return list(runs.values())
 
 
+def _submit_all(deployment: Deployment, args: argparse.Namespace) -> tuple[set[str], float]:
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(
+            pool.map(
+                lambda _: deployment.submit(example_request(args.decisions))["id"],
+                range(args.evaluations),
+            )
+        )
+    return ids, time.monotonic() - started
+
+
 def measure(
-    mode: str, workers: int, args: argparse.Namespace, provider: LoopbackServer
+    mode: str, workers: int, args: argparse.Namespace, provider: LoopbackServer, *, backlog: bool
 ) -> dict[str, Any] | None:
+    """Live: workers run while the evaluations are submitted. Backlog: every evaluation is
+    queued first, then the workers start (what the workers do, apart from the web server)."""
     with tempfile.TemporaryDirectory(prefix=f"sluice-bench-{mode}-") as tmp:
         deployment = _deployment(tmp, mode, provider)
         if deployment is None:
             return None
+        cap = str(args.backlog_cap if backlog else args.cap)
+        deployment.env["SLUICE_WORKSPACE_RUNS_IN_FLIGHT"] = cap
         try:
             deployment.setup()
             if args.limits == "wide":
                 deployment.django(WIDE_PROFILE)
             deployment.start_web()
+            if backlog:
+                ids, submitted = _submit_all(deployment, args)
+            before = len(provider.requests)
             for _ in range(workers):
                 deployment.start_worker()
-            # One run first so every worker has its registry and connections.
-            deployment.wait_run(deployment.submit(example_request(1))["id"])
-            before = len(provider.requests)
-            started = time.monotonic()
-            with ThreadPoolExecutor(8) as pool:
-                ids = set(
-                    pool.map(
-                        lambda _: deployment.submit(example_request(args.decisions))["id"],
-                        range(args.evaluations),
-                    )
-                )
-            submitted = time.monotonic() - started
+            if not backlog:
+                ids, submitted = _submit_all(deployment, args)
             runs = _wait_all(deployment, ids, "/api/workspaces/demo/evaluations/", "demo-proposer")
             calls = len(provider.requests) - before
         finally:
             deployment.stop()
-    latencies = [_when(r["finishedAt"]) - _when(r["createdAt"]) for r in runs]
-    first = min(_when(r["createdAt"]) for r in runs)
+    start = "startedAt" if backlog else "createdAt"
+    latencies = [_when(r["finishedAt"]) - _when(r[start]) for r in runs]
+    first = min(_when(r[start]) for r in runs)
     last = max(_when(r["finishedAt"]) for r in runs)
     return {
         "runs": len(runs),
@@ -150,6 +163,7 @@ def measure(
         "p95_s": _percentile(latencies, 0.95),
         "calls": calls,
         "peak_in_flight": provider.max_in_flight,
+        "cap": cap,
     }
 
 
@@ -185,9 +199,10 @@ def fairness(mode: str, args: argparse.Namespace, provider: LoopbackServer) -> N
         finally:
             deployment.stop()
     print(
-        f"  quiet tenant, 1 decision: idle {min(idle) * 1000:6.0f} ms (best of 3); "
+        f"{'':<27} quiet tenant, 1 decision: idle {min(idle) * 1000:6.0f} ms (best of 3); "
         f"1 s into a {args.burst}-evaluation burst of another workspace "
-        f"{', '.join(f'{v * 1000:.0f}' for v in loaded)} ms"
+        f"{', '.join(f'{v * 1000:.0f}' for v in loaded)} ms",
+        flush=True,
     )
 
 
@@ -202,6 +217,10 @@ def main() -> int:
     parser.add_argument("--modes", default="embedded,full")
     parser.add_argument("--limits", choices=("wide", "demo"), default="wide")
     parser.add_argument("--burst", type=int, default=100)
+    parser.add_argument("--cap", type=int, default=16, help="SLUICE_WORKSPACE_RUNS_IN_FLIGHT")
+    parser.add_argument(
+        "--backlog-cap", type=int, default=256, help="the same, for the queued-first runs"
+    )
     args = parser.parse_args()
     print(
         f"{args.evaluations} evaluations x {args.decisions} decisions, loopback provider "
@@ -211,22 +230,31 @@ def main() -> int:
         provider.default = Reply(delay=args.latency_ms / 1000.0)
         for mode in args.modes.split(","):
             label = "SQLite + filesystem broker" if mode == "embedded" else "PostgreSQL + Redis"
-            for workers in [int(n) for n in args.workers.split(",")]:
-                if mode == "embedded" and workers > 1:
-                    continue  # admission is in-process there: one worker process only
-                provider.max_in_flight = 0
-                figures = measure(mode, workers, args, provider)
-                if figures is None:
+            skipped = False
+            for backlog in (False, True):
+                for workers in [int(n) for n in args.workers.split(",")]:
+                    if mode == "embedded" and workers > 1:
+                        continue  # admission is in-process there: one worker process only
+                    provider.max_in_flight = 0
+                    figures = measure(mode, workers, args, provider, backlog=backlog)
+                    if figures is None:
+                        skipped = True
+                        break
+                    how = "queued first, then" if backlog else "submitted live to"
+                    since = "start" if backlog else "submit"
+                    print(
+                        f"{label:<27} {how} {workers} worker(s), workspace cap "
+                        f"{figures['cap']}: {figures['per_second']:6.2f} evaluations/s  "
+                        f"{since}→complete p50 {figures['p50_s']:6.2f} s  "
+                        f"p95 {figures['p95_s']:6.2f} s  ({figures['runs']} runs "
+                        f"{', '.join(figures['statuses'])}; {figures['calls']} calls, at most "
+                        f"{figures['peak_in_flight']} at once; submitting took "
+                        f"{figures['submit_s']:.1f} s)",
+                        flush=True,
+                    )
+                if skipped:
                     break
-                print(
-                    f"{label:<28} {workers} worker(s): {figures['per_second']:6.2f} "
-                    f"evaluations/s  submit→complete p50 {figures['p50_s']:6.2f} s  "
-                    f"p95 {figures['p95_s']:6.2f} s  ({figures['runs']} runs "
-                    f"{', '.join(figures['statuses'])}; {figures['calls']} calls, at most "
-                    f"{figures['peak_in_flight']} at once; submitting took "
-                    f"{figures['submit_s']:.1f} s)"
-                )
-            else:
+            if not skipped:
                 fairness(mode, args, provider)
     return 0
 

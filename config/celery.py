@@ -19,8 +19,11 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
+from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# `filesystem://` means the embedded broker whose messages appear whole (config/broker.py).
+TRANSPORT_ALIASES["filesystem"] = "config.broker:Transport"
 
 logger = logging.getLogger(__name__)
 
