@@ -199,7 +199,7 @@ def fairness(mode: str, args: argparse.Namespace, provider: LoopbackServer) -> N
         finally:
             deployment.stop()
     print(
-        f"{'':<27} quiet tenant, 1 decision: idle {min(idle) * 1000:6.0f} ms (best of 3); "
+        f"{mode:<27} quiet tenant, 1 decision: idle {min(idle) * 1000:6.0f} ms (best of 3); "
         f"1 s into a {args.burst}-evaluation burst of another workspace "
         f"{', '.join(f'{v * 1000:.0f}' for v in loaded)} ms",
         flush=True,
@@ -217,6 +217,7 @@ def main() -> int:
     parser.add_argument("--modes", default="embedded,full")
     parser.add_argument("--limits", choices=("wide", "demo"), default="wide")
     parser.add_argument("--burst", type=int, default=100)
+    parser.add_argument("--fairness-only", action="store_true")
     parser.add_argument("--cap", type=int, default=16, help="SLUICE_WORKSPACE_RUNS_IN_FLIGHT")
     parser.add_argument(
         "--backlog-cap", type=int, default=256, help="the same, for the queued-first runs"
@@ -231,7 +232,7 @@ def main() -> int:
         for mode in args.modes.split(","):
             label = "SQLite + filesystem broker" if mode == "embedded" else "PostgreSQL + Redis"
             skipped = False
-            for backlog in (False, True):
+            for backlog in () if args.fairness_only else (False, True):
                 for workers in [int(n) for n in args.workers.split(",")]:
                     if mode == "embedded" and workers > 1:
                         continue  # admission is in-process there: one worker process only

@@ -204,14 +204,15 @@ def runs_claim(worker_id: str, limit: int) -> list[EvaluationRun]:
 
 def runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -> set[uuid.UUID]:
     """Beat for the worker and for its runs (run id → claim token); returns the ids of runs
-    that are no longer this worker's (finished elsewhere, or taken back and claimed again)."""
+    taken away from this worker (given back, or claimed again by another). A run this claim
+    finished is not taken away: its coroutine is just about to return."""
     now = timezone.now()
     WorkerProcess.objects.filter(pk=worker_id).update(heartbeat_at=now)
     if not claims:
         return set()
     held = set(
         EvaluationRun.objects.filter(
-            claim__in=list(claims.values()), claimed_by=worker_id, status=RUNNING
+            claim__in=list(claims.values()), claimed_by=worker_id
         ).values_list("claim", flat=True)
     )
     if held:

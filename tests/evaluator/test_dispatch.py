@@ -108,6 +108,8 @@ def test_a_run_whose_heartbeat_stopped_goes_back_only_when_heartbeats_are_truste
     services.run_fail(again, "x", "current claimant", claim=again.claim)
     again.refresh_from_db()
     assert again.status == "failed"
+    # Finished by its own claim, it is not "taken away" from the worker that finished it.
+    assert dispatch.runs_heartbeat("next-worker", {again.pk: again.claim}) == set()
 
 
 def test_runs_of_a_worker_process_that_is_gone_on_this_host_go_back_at_once(user):
