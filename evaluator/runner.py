@@ -6,8 +6,9 @@ registry. The dispatcher
 
 - claims queued runs from the database while the process has free slots
   (`SLUICE_WORKER_SLOTS`, default 64), fairly across workspaces (`evaluator.dispatch`), and
-  starts each as a task on the loop; a run that waits for admission is a suspended coroutine
-  there, holding no thread and no Celery slot;
+  starts each as a task on the loop. A run that waits for admission is a suspended coroutine
+  there: it holds no thread, no Celery slot and no runner slot (a process holds at most
+  `_WAITING_FACTOR` times its slots in runs, waiting ones included);
 - wakes at once when a doorbell arrives (the Celery task `evaluator.run_evaluation`, which the
   web server publishes when a run is committed) or a run of its own ends, and otherwise every
   `SLUICE_DISPATCH_POLL_SECONDS` (2 s): a run whose doorbell was lost (a broker restart, a web
@@ -35,12 +36,13 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import DatabaseError, connections
 
 from admission import refresh, runtime
+from admission.core import AdmissionRegistry
 from evaluator import dispatch, services
 from evaluator.deployment import AdapterConfigError, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
@@ -53,6 +55,9 @@ __all__ = ["Runner", "current_runner", "start_runner", "stop_runner"]
 
 logger = logging.getLogger(__name__)
 
+# Runs waiting for admission hold no slot; all runs of a process, waiting or not, stay below
+# this many times its slots.
+_WAITING_FACTOR = 4
 # Waits between attempts to write to a database that does not answer.
 _RETRY_FIRST_SECONDS = 0.5
 _RETRY_MAX_SECONDS = 5.0
@@ -88,6 +93,8 @@ class Runner:
         self.receipts = DatabaseReceiptStore(self.database)
         self.counters = _Counters()
         self._held: dict[uuid.UUID, _Held] = {}
+        self._waiting = 0  # attempts of this process's runs waiting for admission (loop thread)
+        self.admission = _SlotFreeingRegistry(self)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -122,6 +129,18 @@ class Runner:
     def in_flight(self) -> int:
         with self._lock:
             return len(self._held)
+
+    def busy(self) -> int:
+        """Runs holding a slot: those in flight, less those waiting for admission."""
+        with self._lock:
+            return len(self._held) - self._waiting
+
+    def _admission_wait(self, change: int) -> None:
+        with self._lock:
+            was_full = len(self._held) - self._waiting >= self.slots
+            self._waiting += change
+        if change > 0 and was_full:
+            self._wake.set()
 
     def stop(self, drain_seconds: float | None = None) -> None:
         """Stop claiming, let running evaluations finish for up to `drain_seconds`, then give
@@ -191,7 +210,7 @@ class Runner:
             trusted = now - self._db_ok_since >= float(settings.SLUICE_RUN_STALE_SECONDS)
             self.counters.swept += len(dispatch.runs_sweep(trust_heartbeats=trusted))
             self._next_sweep = now + float(settings.SLUICE_DISPATCH_POLL_SECONDS)
-        free = self.slots - self.in_flight()
+        free = min(self.slots - self.busy(), self.slots * _WAITING_FACTOR - self.in_flight())
         if not self._claiming or free <= 0:
             return
         runs = dispatch.runs_claim(self.worker_id, free)
@@ -252,7 +271,7 @@ class Runner:
             return
         try:
             outcome = await services.evaluate(
-                request, runtime.get_registry(), adapters, store=self.receipts
+                request, cast(AdmissionRegistry, self.admission), adapters, store=self.receipts
             )
         except InvalidDefinitionError as error:
             await self._retrying(held, fail("invalid-definition", error.problem, error.field))
@@ -285,6 +304,39 @@ class Runner:
         released = await self._retrying(held, lambda: dispatch.run_release(run.pk, held.token))
         if released:
             self.counters.given_back += 1
+
+
+class _SlotFreeingController:
+    """A workspace's controller, counting the attempts that wait in its `acquire`."""
+
+    def __init__(self, controller: Any, runner: Runner) -> None:
+        self._controller = controller
+        self._runner = runner
+
+    async def acquire(self, request: Any) -> Any:
+        self._runner._admission_wait(+1)
+        try:
+            return await self._controller.acquire(request)
+        finally:
+            self._runner._admission_wait(-1)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._controller, name)
+
+
+class _SlotFreeingRegistry:
+    """The process's registry as evaluations see it: its controllers free the run's slot while
+    the run waits for admission."""
+
+    def __init__(self, runner: Runner) -> None:
+        self._runner = runner
+
+    def controller(self, workspace_id: str) -> Any:
+        found = runtime.get_registry().controller(workspace_id)
+        return None if found is None else _SlotFreeingController(found, self._runner)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(runtime.get_registry(), name)
 
 
 _lock = threading.Lock()

@@ -4,14 +4,17 @@ back another workspace's evaluation beyond its fair share."""
 from __future__ import annotations
 
 import datetime as dt
+import json
+import threading
 import time
 from typing import Any
 
 import pytest
 
 from evaluator.forms import example_request
+from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import Deployment
+from .conftest import Deployment, wait_for
 
 pytestmark = pytest.mark.celery
 
@@ -69,3 +72,57 @@ def test_a_quiet_tenant_is_not_held_back_by_another_tenants_burst(deployment: De
     # The burst was still there: the quiet run did not simply come after it.
     statuses = [deployment.evaluation(run_id)["status"] for run_id in burst[-10:]]
     assert "queued" in statuses or "running" in statuses
+
+
+NARROW_DEMO = """
+import copy
+from django.contrib.auth import get_user_model
+from admission import services
+from admission.models import Workspace
+from config.demo import DEMO_PROFILE
+document = copy.deepcopy(DEMO_PROFILE)
+document["profileVersion"] = "demo-one-at-a-time"
+for part in [document["workspace"], *document["providers"].values(),
+             *document["principals"].values()]:
+    part.update(concurrency=1)
+users = get_user_model().objects
+proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+version = services.profile_version_propose(
+    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
+services.profile_version_approve(
+    version=version, approver=approver,
+    checklist={key: True for key, _ in services.RUNBOOK_CHECKLIST})
+services.profile_version_activate(version=version, actor=approver)
+"""
+
+
+def test_runs_waiting_for_admission_hold_no_worker_slot(deployment: Deployment) -> None:
+    with LoopbackServer() as provider:
+        released = threading.Event()
+        # The first call is held at the provider: its run keeps the demo workspace's one permit.
+        provider.replies.append(Reply(hold=released))
+        adapters = json.dumps({"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}})
+        deployment.env["SLUICE_ADAPTERS"] = adapters
+        deployment.django(QUIET_WORKSPACE)
+        deployment.django(NARROW_DEMO)
+        deployment.start_web()
+        deployment.start_worker({"SLUICE_WORKER_SLOTS": "2"})
+        try:
+            holder = deployment.submit(example_request(1))["id"]
+            wait_for(lambda: len(provider.requests) == 1, 30, "the held call")
+            # Three more runs of the workspace wait for its permit; two slots would be full
+            # if waiting held one.
+            waiting = [deployment.submit(example_request(1))["id"] for _ in range(3)]
+            wait_for(
+                lambda: all(deployment.evaluation(r)["status"] == "running" for r in waiting),
+                30,
+                "the waiting runs to be claimed",
+            )
+            run = _quiet_run(deployment)
+            assert run["status"] == "completed"
+            assert deployment.evaluation(holder)["status"] == "running"
+            assert len(provider.requests) == 2
+        finally:
+            released.set()
+        for run_id in [holder, *waiting]:
+            assert deployment.wait_run(run_id)["status"] == "completed"

@@ -211,22 +211,34 @@ def test_a_worker_main_process_sigkilled_its_runs_run_elsewhere(
     tmp_path: Path, provider: LoopbackServer
 ) -> None:
     deployment = Deployment(tmp_path, "full")
+    released = threading.Event()
     try:
         _use(deployment, provider)
         deployment.setup()
         deployment.start_web()
         doomed = deployment.start_worker({"SLUICE_WORKER_SLOTS": "3"})
+        # The doomed worker's first two calls (the principal's two permits) stay at the
+        # provider until it is dead; its other runs wait for admission.
+        provider.replies.extend([Reply(hold=released), Reply(hold=released)])
         runs = _submit_many(deployment, 6, 3)
-        wait_for(lambda: len(provider.requests) >= 3, 30, "the doomed worker's first calls")
+        wait_for(lambda: len(provider.requests) >= 2, 30, "the doomed worker's calls")
         survivor = deployment.start_worker({"SLUICE_WORKER_SLOTS": "8"})
 
         doomed.kill_group(signal.SIGKILL)
         killed = time.monotonic()
+        released.set()
 
         _wait_all_terminal(deployment, runs, BOUND_SECONDS - (time.monotonic() - killed))
         settled = _assert_settled(deployment, runs)
         _assert_each_decision_sent_at_most_once(provider, runs, 3)
-        assert any(run["deliveries"] == 2 for run in settled)
+        resumed = [run for run in settled if run["deliveries"] == 2]
+        assert resumed
+        # The two calls in flight when the worker died were not sent again.
+        uncertain = [
+            a for run in resumed for a in run["attempts"] if a["reason"] == "dispatch-unconfirmed"
+        ]
+        assert len(uncertain) == 2
         assert "back in the backlog" in survivor.log()
     finally:
+        released.set()
         deployment.stop()
