@@ -29,7 +29,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from admission import access, selectors, services
+from admission import access, rollout, selectors, services
 from admission.core import InvalidProfileError
 from admission.forms import (
     ProfileDecisionForm,
@@ -348,7 +348,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
         # The key is the core's workspace_id; renaming it would orphan the ledger's identity.
         if obj is None:
             return ("created_at",)
-        return ("key", "created_at", "current_profile", "current_profile_document")
+        return ("key", "created_at", "current_profile", "rollout_state", "current_profile_document")
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_active and request.user.is_superuser)
@@ -377,6 +377,20 @@ class WorkspaceAdmin(admin.ModelAdmin):
             version.profile_version,
             version.profile_digest,
             version.profile_digest[7:19],
+        )
+
+    @admin.display(description="rollout")
+    def rollout_state(self, obj: Workspace) -> SafeString:
+        shadow = rollout.shadow_current(workspace=obj)
+        canary = rollout.canary_current(workspace=obj)
+        allowed = rollout.parallel_scheduling_allowed(workspace=obj)
+        return format_html(
+            "Parallel scheduling: <strong>{}</strong>. Shadow: <strong>{}</strong>. "
+            'Canary: <strong>{}</strong>. <a href="{}">Rollout controls</a>',
+            "allowed" if allowed else "off (kill switch)",
+            shadow.version.profile_version if shadow and shadow.version else "none",
+            canary.version.profile_version if canary and canary.version else "none",
+            reverse("admin:admission_rolloutevent_controls", args=[obj.key]),
         )
 
     @admin.display(description="current profile document")
@@ -822,3 +836,6 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
     @admin.display(description="decision-admission-profile-change/v1")
     def record_json(self, obj: ProfileChangeRecord) -> SafeString:
         return format_html("<pre>{}</pre>", json.dumps(obj.to_dict(), indent=2))
+
+
+from admission import rollout_admin  # noqa: E402,F401  (registers the rollout pages)
