@@ -37,6 +37,8 @@ def test_an_operator_turns_the_kill_switch_off_and_on_with_a_reason(
     workspace, proposer, active_and_candidate
 ):
     client = _login(proposer)
+    audit = client.get("/admin/admission/rolloutevent/").content.decode()
+    assert 'href="/admin/admission/rolloutevent/controls/"' in audit
     page = client.get(CONTROLS)
     assert page.status_code == 200
     assert "Turn parallel scheduling off" in page.content.decode()
