@@ -87,7 +87,16 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
         # Workspaces and memberships are a superuser's pages: the tour has one of its own.
         admin_password = secrets.token_urlsafe(16)
         subprocess.run(
-            [python, "manage.py", "createsuperuser", "--noinput", "--username", "tour-admin"],
+            [
+                python,
+                "manage.py",
+                "createsuperuser",
+                "--noinput",
+                "--username",
+                "tour-admin",
+                "--email",
+                "tour-admin@example.invalid",
+            ],
             cwd=ROOT,
             env={**env, "DJANGO_SUPERUSER_PASSWORD": admin_password},
             check=True,

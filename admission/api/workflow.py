@@ -204,6 +204,10 @@ class CanaryStartSerializer(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="")
 
 
+class NoBodySerializer(serializers.Serializer):
+    """The request takes no body."""
+
+
 class ReasonSerializer(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="")
 
@@ -366,6 +370,7 @@ class ProfileActivateView(_VersionActionView):
     """Make an approved, never-active version current (operator role); a `change` record."""
 
     write_act = access.ACTIVATE
+    serializer_class = NoBodySerializer
 
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         version = self.get_version()
