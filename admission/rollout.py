@@ -408,7 +408,8 @@ class Comparison:
 
     @property
     def passed(self) -> bool:
-        return all(bound.passed for bound in self.bounds)
+        """Whether the other side was no worse on every bound; false until something was seen."""
+        return self.observations > 0 and all(bound.passed for bound in self.bounds)
 
     def to_dict(self) -> dict[str, Any]:
         return {

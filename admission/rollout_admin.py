@@ -44,19 +44,28 @@ def comparison_charts(comparison: rollout.Comparison, *, other: str) -> list[Saf
                 )
             )
         )
+    # One chart per side with the same rows and scale, so a row's bar reads across both.
     reasons = sorted(set(comparison.active["rejected"]) | set(comparison.shadow["rejected"]))
-    bars = []
-    for reason in reasons:
-        bars.append(
-            charts.Bar(f"{ACTIVE_LABEL}: {reason}", comparison.active["rejected"].get(reason, 0))
-        )
-        bars.append(charts.Bar(f"{other}: {reason}", comparison.shadow["rejected"].get(reason, 0)))
-    for key, title in (("deferred", "waited in a queue"), ("admitted", "admitted")):
-        bars.append(charts.Bar(f"{ACTIVE_LABEL}: {title}", comparison.active[key]))
-        bars.append(charts.Bar(f"{other}: {title}", comparison.shadow[key]))
-    plots.append(
-        SafeString(charts.bar_chart(bars, title="Outcomes by reason", value_label="requests"))
+    rows = [("admitted", "admitted"), ("deferred", "waited in a queue")]
+    sides = ((ACTIVE_LABEL, comparison.active), (other, comparison.shadow))
+    largest = max(
+        [float(tally[key]) for _, tally in sides for key, _ in rows]
+        + [float(tally["rejected"].get(reason, 0)) for _, tally in sides for reason in reasons]
+        + [1.0]
     )
+    for side, tally in sides:
+        bars = [charts.Bar(title, tally[key]) for key, title in rows]
+        bars += [
+            charts.Bar(f"rejected: {reason}", tally["rejected"].get(reason, 0))
+            for reason in reasons
+        ]
+        plots.append(
+            SafeString(
+                charts.bar_chart(
+                    bars, title=f"Outcomes, {side}", value_label="requests", x_max=largest
+                )
+            )
+        )
     return plots
 
 

@@ -85,7 +85,7 @@ def test_a_shadow_starts_shows_its_comparison_with_plots_and_stops(
     page = client.get(f"/admin/admission/rolloutevent/{shadow.pk}/comparison/")
     assert page.status_code == 200
     html = page.content.decode()
-    assert html.count('<div class="rollout-plot"><svg') == 2
+    assert html.count('<div class="rollout-plot"><svg') == 3
     assert "worse: 50.0% against 0.0%" in html
     assert "4 more; shadow: queue-full 4" in html
     assert "The shadow is worse on at least one bound." in html
