@@ -49,8 +49,9 @@ def _post(deployment, path, body, *, user="demo-proposer", status=200):
     return response.json()
 
 
-@pytest.mark.parametrize("mode", ["embedded"])
-def test_kill_switch_shadow_and_canary_in_a_running_deployment(deployment, mode):
+def test_kill_switch_shadow_and_canary_in_a_running_deployment(deployment):
+    # Both modes: in `full` admission is deployment-wide (Redis); the shadow and the canary
+    # are per process either way.
     deployment.start_web()
     deployment.start_worker({"SLUICE_ADAPTERS": deployment.adapters(latency_ms=300)})
 
