@@ -83,7 +83,9 @@ def test_a_shadow_permit_is_held_as_long_as_the_real_one_from_its_own_admission(
 
 def test_a_withdrawn_request_withdraws_its_copy_and_stop_withdraws_the_rest(scenario_factory):
     scenario = scenario_factory()
-    shadow = scenario.registry.start_shadow(make_profile(version="v2", workspace={"concurrency": 1}))
+    shadow = scenario.registry.start_shadow(
+        make_profile(version="v2", workspace={"concurrency": 1})
+    )
 
     async def body(s):
         first, second, third = (request(budget=b) for b in "abc")
