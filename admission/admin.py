@@ -29,7 +29,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from admission import access, rollout, selectors, services
+from admission import access, comparisons, rollout, selectors, services
 from admission.core import InvalidProfileError
 from admission.forms import (
     ProfileDecisionForm,
@@ -46,6 +46,7 @@ from admission.models import (
     ProfileChangeRecord,
     ProfileVersion,
     RollbackRequest,
+    RolloutEvent,
     Workspace,
     WorkspaceMembership,
 )
@@ -431,6 +432,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         "profile_digest",
         "limits_table",
         "what_if_records",
+        "rollout_evidence",
         "diff_to_current",
         "document_pretty",
     )
@@ -476,6 +478,43 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
             return "This is the current version."
         review = version_review(obj)
         return limits_table_html(review.base, review.limits)
+
+    @admin.display(description="shadow and canary evidence")
+    def rollout_evidence(self, obj: ProfileVersion) -> SafeString | str:
+        sessions = list(
+            RolloutEvent.objects.filter(version=obj, kind__in=RolloutEvent.STARTS)
+            .select_related("workspace", "actor")
+            .order_by("-id")[:5]
+        )
+        if not sessions:
+            return "Never run as a shadow or a canary."
+        rows = []
+        for session in sessions:
+            comparison = comparisons.session_comparison(session)
+            if not comparison.observations:
+                verdict = "nothing observed yet"
+            elif comparison.passed:
+                verdict = "no worse than active on every bound"
+            else:
+                failed = ", ".join(b.title.lower() for b in comparison.bounds if not b.passed)
+                verdict = f"worse on: {failed}"
+            rows.append(
+                (
+                    reverse("admin:admission_rolloutevent_comparison", args=[session.pk]),
+                    "shadow" if session.kind == RolloutEvent.Kind.SHADOW_START else "canary",
+                    session.at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M"),
+                    comparison.observations,
+                    verdict,
+                )
+            )
+        return format_html(
+            '<ul class="rollout-evidence">{}</ul>',
+            format_html_join(
+                "",
+                '<li><a href="{}">{} since {} UTC</a>: {} run(s), {}</li>',
+                rows,
+            ),
+        )
 
     @admin.display(description="what-if qualification")
     def what_if_records(self, obj: ProfileVersion) -> SafeString:

@@ -91,6 +91,10 @@ def test_a_shadow_starts_shows_its_comparison_with_plots_and_stops(
     assert "The shadow is worse on at least one bound." in html
     controls = client.get(CONTROLS).content.decode()
     assert "Stop the shadow" in controls and "✗" in controls
+    # The version's own page carries the evidence for its approver.
+    version_page = client.get(f"/admin/admission/profileversion/{candidate.pk}/change/")
+    assert "shadow since" in version_page.content.decode()
+    assert "2 run(s), worse on: requests rejected" in version_page.content.decode()
     client.post(CONTROLS, {"op": "shadow_stop", "shadow_stop-reason": "done"}, follow=True)
     assert rollout.shadow_current(workspace=workspace) is None
     # The comparison stays readable after the stop.
