@@ -263,6 +263,72 @@ FOUR_EYES_EXAMPLE = OpenApiExample(
 )
 
 
+_TALLY_ACTIVE = {
+    "requests": 30,
+    "retries": 0,
+    "admitted": 30,
+    "deferred": 0,
+    "rejected": {},
+    "retryableRejected": 0,
+    "wouldRetry": 0,
+    "queueDelayMs": {"total": 0.0, "max": 0.0},
+    "maxQueued": 0,
+    "maxRetryPressure": 0,
+    "breakerTransitions": {},
+}
+SHADOW_EXAMPLE = OpenApiExample(
+    "A tighter shadow",
+    response_only=True,
+    value={
+        "running": {
+            "id": 9,
+            "workspaceId": "acme",
+            "kind": "shadow-start",
+            "profileVersion": "v3",
+            "closes": None,
+            "principals": [],
+            "fraction": None,
+            "reason": "compare v3's queue bounds on live traffic",
+            "actor": "lena",
+            "at": "2025-06-02T09:00:00Z",
+        },
+        "comparison": {
+            "observations": 10,
+            "active": _TALLY_ACTIVE,
+            "shadow": {
+                **_TALLY_ACTIVE,
+                "admitted": 24,
+                "deferred": 4,
+                "rejected": {"queue-full": 6},
+                "retryableRejected": 6,
+                "wouldRetry": 6,
+                "queueDelayMs": {"total": 1800.0, "max": 640.0},
+                "maxQueued": 4,
+            },
+            "bounds": [
+                {
+                    "bound": "rejectedShare",
+                    "title": "Requests rejected",
+                    "active": 0.0,
+                    "shadow": 0.2,
+                    "pass": False,
+                    "verdict": "worse: 20.0% against 0.0% (6 more; shadow: queue-full 6)",
+                },
+                {
+                    "bound": "maxQueued",
+                    "title": "Deepest queue (waiting requests)",
+                    "active": 0,
+                    "shadow": 4,
+                    "pass": False,
+                    "verdict": "worse: 4 against 0",
+                },
+            ],
+            "passed": False,
+        },
+    },
+)
+
+
 class _VersionActionView(WorkspaceScopedView):
     """POST on one version by label."""
 
@@ -527,7 +593,30 @@ class SchedulingView(WorkspaceScopedView):
             "lastChange": RolloutEventSerializer(last).data if last is not None else None,
         }
 
-    @extend_schema(responses={200: SchedulingStateSerializer, 404: NOT_FOUND})
+    @extend_schema(
+        responses={200: SchedulingStateSerializer, 404: NOT_FOUND},
+        examples=[
+            OpenApiExample(
+                "Kill switch on",
+                response_only=True,
+                value={
+                    "parallelScheduling": "off",
+                    "lastChange": {
+                        "id": 7,
+                        "workspaceId": "acme",
+                        "kind": "parallel-off",
+                        "profileVersion": None,
+                        "closes": None,
+                        "principals": [],
+                        "fraction": None,
+                        "reason": "provider latency doubled since 14:05",
+                        "actor": "lena",
+                        "at": "2025-06-02T14:07:12Z",
+                    },
+                },
+            )
+        ],
+    )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(self._state())
 
@@ -595,7 +684,7 @@ class ShadowView(_SessionView):
 
     serializer_class = ShadowStartSerializer
 
-    @extend_schema(responses={200: SessionSerializer, 404: NOT_FOUND})
+    @extend_schema(responses={200: SessionSerializer, 404: NOT_FOUND}, examples=[SHADOW_EXAMPLE])
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response(self.state())
 

@@ -279,5 +279,12 @@ def test_the_schema_documents_every_workflow_route_with_examples(tmp_path):
         "/rollout-events/",
     ):
         assert f"/api/workspaces/{{workspace_key}}{route}" in schema, route
-    for example in ("Approve under the runbook", "Four eyes", "Kill switch", "Shadow v3"):
+    for example in (
+        "Approve under the runbook",
+        "Four eyes",
+        "Kill switch",
+        "Shadow v3",
+        "A tighter shadow",
+        "Kill switch on",
+    ):
         assert example in schema
