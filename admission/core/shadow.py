@@ -168,8 +168,28 @@ class ShadowAdmission:
         return active, shadow
 
     def stop(self) -> None:
-        """Mirror nothing more; shadow requests still waiting are withdrawn (on the loop)."""
+        """Mirror nothing more; shadow requests still waiting are withdrawn and shadow permits
+        still held are given back.
+
+        The withdrawal happens on the loop the shadow's requests run on: at once when called
+        there, else as soon as that loop runs again (a host that stops a shadow from another
+        thread holds the loop still meanwhile).
+        """
         self.stopped = True
+        calls = list(self.calls)
+        if not calls:
+            return
+        loop = calls[0].loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._withdraw_all()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._withdraw_all)
+
+    def _withdraw_all(self) -> None:
         for call in list(self.calls):
             call.withdraw()
 
@@ -268,6 +288,11 @@ class ShadowCall:
         self._outcome = (success, actual_tokens, actual_cost_usd, retry_after_ms)
         self._release_shadow()
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the copy runs on."""
+        return self._task.get_loop()
+
     def withdraw(self) -> None:
         if not self._task.done():
             self._task.cancel()
@@ -318,11 +343,10 @@ class ShadowCall:
             return
         admitted_ms = self._shadow_admit_ms or 0.0
         due_ms = admitted_ms + held
-        loop = asyncio.get_running_loop()
         if due_ms <= self._owner.clock.monotonic_ms():
             self._give_back()
         else:
-            self._timer = loop.call_at(due_ms / 1000.0, self._give_back)
+            self._timer = self.loop.call_at(due_ms / 1000.0, self._give_back)
 
     def _give_back(self) -> None:
         lease = self._lease

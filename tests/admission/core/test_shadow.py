@@ -128,3 +128,32 @@ def test_a_shadow_never_raises_into_the_real_path(scenario_factory):
     # The shadow's profile has no such provider: its would-be outcome is a refusal.
     assert would_be["rejected"] == {"unconfigured-provider": 1}
     assert issubclass(AdmissionRejected, Exception)
+
+
+def test_a_shadow_stopped_from_another_thread_withdraws_on_its_loop(scenario_factory):
+    scenario = scenario_factory()
+    shadow = scenario.registry.start_shadow(
+        make_profile(version="v2", workspace={"concurrency": 1})
+    )
+
+    async def body(s):
+        requests = [request(budget=b) for b in "ab"]
+        calls = [shadow.mirror(r) for r in requests]
+        leases = [await s.admit(r) for r in requests]
+        for call, lease in zip(calls, leases, strict=True):
+            call.admitted(lease)
+        await s.settle()
+        assert len(shadow.calls) == 2  # one copy holds the shadow permit, one waits for it
+        # A host thread stops the shadow (as a worker's profile refresh does).
+        await asyncio.get_running_loop().run_in_executor(None, s.registry.stop_shadow, "ws-1")
+        await s.settle()
+        # The waiting copy is withdrawn and the held shadow permit given back.
+        assert not shadow.calls
+        assert shadow.controller.snapshot("alice") == (0, 0)
+        for call, lease in zip(calls, leases, strict=True):
+            lease.release(success=True)
+            call.released(lease, success=True)
+        await s.settle()
+
+    scenario.run(body)
+    assert not shadow.calls
