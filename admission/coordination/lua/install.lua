@@ -14,12 +14,18 @@ if current ~= nil and current == seq then
   return reply({st = 'same', ep = epoch})
 end
 redis.call('DEL', PROF)
+-- Written in slices: a profile may name many thousands of principals, and Lua's unpack has a
+-- bounded stack.
 local fields = {'rev', ARGV[9], 'pseq', ARGV[10], 'dg', ARGV[11]}
 for field, value in pairs(cjson.decode(ARGV[12])) do
   fields[#fields + 1] = field
   fields[#fields + 1] = value
+  if #fields >= 2000 then
+    redis.call('HSET', PROF, unpack(fields))
+    fields = {}
+  end
 end
-redis.call('HSET', PROF, unpack(fields))
+if #fields > 0 then redis.call('HSET', PROF, unpack(fields)) end
 -- Queued work is judged again under the new limits at once.
 pump()
 return reply({st = 'installed', ep = epoch})
