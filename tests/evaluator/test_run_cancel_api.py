@@ -336,3 +336,17 @@ def test_each_caller_has_a_submission_budget_and_a_refusal_says_when_to_retry(de
     _submit(max_, 1)
     assert mia.get(f"{RUNS}{first['id']}/").status_code == 200
     assert _cancel(mia, first["id"]).status_code == 200
+
+
+def test_the_openapi_schema_describes_cancel_progress_and_the_throttled_submission(demo):
+    client = _client(_user("mia", demo))
+    schema = client.get("/api/schema/?format=json").json()
+    cancel = schema["paths"]["/api/workspaces/{workspace_key}/evaluations/{run_id}/cancel/"]
+    assert set(cancel) == {"post"}
+    assert sorted(cancel["post"]["responses"]) == ["200", "202", "403", "404", "409"]
+    assert "requestBody" not in cancel["post"]
+    submit = schema["paths"]["/api/workspaces/{workspace_key}/evaluations/"]["post"]
+    assert submit["responses"]["429"]["headers"]["Retry-After"]["schema"] == {"type": "integer"}
+    run = schema["components"]["schemas"]["EvaluationRun"]["properties"]
+    assert run["progress"]["allOf"] == [{"$ref": "#/components/schemas/RunProgress"}]
+    assert {"cancelRequestedAt", "cancelRequestedBy", "attempts"} <= set(run)
