@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
 from django.utils import timezone
@@ -27,10 +28,12 @@ from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
 from evaluator import qualification
+from evaluator.cancel_watch import run_cancel_signal
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
+from evaluator.engine.rulesets import MAX_DECISIONS
 from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
@@ -143,9 +146,23 @@ def evaluation_run_submit(
     return run, True
 
 
+def _check_size(document: Any) -> None:
+    """Refuse a ruleset above the deployment's `SLUICE_MAX_DECISIONS` before parsing it."""
+    limit = min(settings.SLUICE_MAX_DECISIONS, MAX_DECISIONS)
+    ruleset = document.get("ruleset") if isinstance(document, Mapping) else None
+    decisions = ruleset.get("decisions") if isinstance(ruleset, Mapping) else None
+    if isinstance(decisions, list) and len(decisions) > limit:
+        raise InvalidRunRequest(
+            f"holds {len(decisions)} decisions; this deployment takes at most {limit} per "
+            "evaluation (SLUICE_MAX_DECISIONS)",
+            field="ruleset.decisions",
+        )
+
+
 def _parse_request(
     document: Any, *, principal_id: str, workspace: Workspace
 ) -> DecisionEvaluationRequest:
+    _check_size(document)
     if isinstance(document, Mapping):
         scheduler = document.get("scheduler")
         if isinstance(scheduler, Mapping) and scheduler.get("profile") is not None:
@@ -243,7 +260,7 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
     with loop.frozen():
         registry = runtime.registry_for_run(plan)
     try:
-        outcome = loop.run(_evaluate(request, registry, adapters))
+        outcome = loop.run(_evaluate(request, registry, adapters, run_id=run.pk))
     except InvalidDefinitionError as error:
         return _fail(run, "invalid-definition", error.problem, field=error.field)
     except ReceiptConflictError as conflict:
@@ -271,19 +288,23 @@ async def _evaluate(
     request: DecisionEvaluationRequest,
     registry: AdmissionRegistry,
     adapters: dict[str, Any],
+    *,
+    run_id: uuid.UUID,
 ) -> _Outcome:
     store = DatabaseReceiptStore()
     # The store's thread keeps its connection between runs; drop it if the server went away.
     await sync_to_async(close_old_connections, thread_sensitive=True)()
     profile = registry.current_profile(request.workspace_id)
     try:
-        result = await evaluate_decision_ruleset(
-            request,
-            registry=registry,
-            adapters=adapters,
-            receipt_store=store,
-            telemetry=evaluator_telemetry(),
-        )
+        # The run's cancel signal fires when somebody cancels it, from any process.
+        async with run_cancel_signal(run_id) as signal:
+            result = await evaluate_decision_ruleset(
+                dataclasses.replace(request, signal=signal),
+                registry=registry,
+                adapters=adapters,
+                receipt_store=store,
+                telemetry=evaluator_telemetry(),
+            )
     finally:
         for adapter in adapters.values():
             close = getattr(adapter, "aclose", None)
