@@ -822,3 +822,7 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
     @admin.display(description="decision-admission-profile-change/v1")
     def record_json(self, obj: ProfileChangeRecord) -> SafeString:
         return format_html("<pre>{}</pre>", json.dumps(obj.to_dict(), indent=2))
+
+
+# The index links the live admission dashboard (admission/dashboard.py, config/urls.py).
+admin.site.index_template = "admin/admission/index.html"

@@ -19,7 +19,10 @@ for field, value in pairs(cjson.decode(ARGV[12])) do
   fields[#fields + 1] = field
   fields[#fields + 1] = value
 end
-redis.call('HSET', PROF, unpack(fields))
+-- In slices: Lua's stack takes a few thousand values at once, a profile may name more principals.
+for i = 1, #fields, 1000 do
+  redis.call('HSET', PROF, unpack(fields, i, min(i + 999, #fields)))
+end
 -- Queued work is judged again under the new limits at once.
 pump()
 return reply({st = 'installed', ep = epoch})
