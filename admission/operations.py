@@ -13,16 +13,17 @@ Count keys are `(provider, kind, reason)`: kind `admit`, `defer` or `reject` for
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from admission import runtime, selectors
+from admission import runtime
 from admission.coordination import CoordinationUnavailable
 from admission.coordination.controller import limits_record
 from admission.core import InvalidProfileError
-from admission.models import ProfileChangeRecord, Workspace
+from admission.models import ProfileChangeRecord, ProfileVersion, Workspace
 
 __all__ = [
     "DECISIONS",
@@ -95,17 +96,40 @@ def _counted(raw: Mapping[str, Any]) -> dict[CountKey, int]:
     return {_key(k): int(v) for k, v in raw.items()}
 
 
-def _profile_limits(workspace: Workspace) -> tuple[str | None, dict[str, Any], dict[str, Any]]:
-    """The active version's label, workspace limits and provider limits, from the database."""
-    version = selectors.workspace_current_version(workspace=workspace)
-    if version is None:
-        return None, {}, {}
+def _active_version(workspace: Workspace) -> tuple[int, str, str] | None:
+    """The id, label and limits digest of the workspace's active version (the latest
+    activation), without loading its document."""
+    return (
+        ProfileChangeRecord.objects.filter(workspace=workspace)
+        .order_by("-id")
+        .values_list("version_id", "version__profile_version", "version__profile_digest")
+        .first()
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _version_limits(
+    version_id: int, profile_digest: str
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A version's workspace and provider limits. Versions never change (the digest makes the
+    key exact all the same), so each is parsed once per process: a profile may name thousands
+    of principals."""
+    version = ProfileVersion.objects.select_related("workspace").get(pk=version_id)
     try:
         profile = runtime.profile_from_version(version)
     except InvalidProfileError:
-        return version.profile_version, {}, {}
+        return {}, {}
     providers = {pid: limits_record(limits) for pid, limits in profile.providers.items()}
-    return version.profile_version, limits_record(profile.workspace), providers
+    return limits_record(profile.workspace), providers
+
+
+def _profile_limits(workspace: Workspace) -> tuple[str | None, dict[str, Any], dict[str, Any]]:
+    """The active version's label, workspace limits and provider limits, from the database."""
+    active = _active_version(workspace)
+    if active is None:
+        return None, {}, {}
+    limits, providers = _version_limits(active[0], active[2])
+    return active[1], dict(limits), {pid: dict(lim) for pid, lim in providers.items()}
 
 
 def workspace_view(workspace: Workspace, *, minutes: int = 60) -> WorkspaceView:

@@ -1,4 +1,5 @@
-"""Response time of `GET /metrics` with many principals known to deployment-wide admission.
+"""Response time of `GET /metrics` and of the live admission dashboard with many principals
+known to deployment-wide admission.
 
 Run:  DATABASE_URL=postgres://root@127.0.0.1:5432/sluice \\
       SLUICE_ADMISSION_REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python benchmarks/metrics.py
@@ -9,8 +10,9 @@ under a key prefix of its own, deleted afterwards. The demo workspace's active p
 `--principals` principals; each of them is admitted and released once through the coordinated
 registry, so the shared state holds their scopes and the decision totals. `--workspaces` more
 workspaces get the same treatment with a few principals each. Then `/metrics` is requested
-through Django's test client (the whole page: Redis reads, database counts, dependency checks)
-and its time reported. Figures only; no bounds.
+through Django's test client (the whole page: Redis reads, database counts, dependency checks),
+then the admin's dashboard (`/admin/admission/live/`, every workspace, five SVG charts each) by a
+member of all of them, and their times reported. Figures only; no bounds.
 """
 
 from __future__ import annotations
@@ -120,25 +122,45 @@ def seed(principals: int, workspaces: int) -> None:
     runtime.reset_registry()
 
 
-def measure(repeat: int) -> list[float]:
-    client = Client(REMOTE_ADDR="127.0.0.1")
-    headers = {"HTTP_AUTHORIZATION": f"Bearer {TOKEN}"}
-    first = client.get("/metrics", **headers)
+def _timed(client: Client, path: str, repeat: int, **headers: str) -> tuple[list[float], str]:
+    first = client.get(path, **headers)
     if first.status_code != 200:
-        raise SystemExit(f"/metrics answered {first.status_code}: {first.content[:200]!r}")
+        raise SystemExit(f"{path} answered {first.status_code}: {first.content[:200]!r}")
     timings = []
     for _ in range(repeat):
         started = time.perf_counter()
-        response = client.get("/metrics", **headers)
+        response = client.get(path, **headers)
         timings.append((time.perf_counter() - started) * 1000)
-    body = response.content.decode()
+    return sorted(timings), response.content.decode()
+
+
+def _report(name: str, timings: list[float]) -> None:
+    p95 = timings[min(len(timings) - 1, round(0.95 * (len(timings) - 1)))]
+    print(
+        f"{name}: {len(timings)} requests, p50 {statistics.median(timings):.1f} ms, "
+        f"p95 {p95:.1f} ms, max {timings[-1]:.1f} ms"
+    )
+
+
+def dashboard(repeat: int) -> None:
+    client = Client()
+    client.force_login(get_user_model().objects.get(username="demo-approver"))
+    timings, body = _timed(client, "/admin/admission/live/", repeat)
+    charts = body.count("sluice-chart")
+    print(f"dashboard page: {len(body):,} bytes, {charts} charts")
+    _report("GET /admin/admission/live/", timings)
+
+
+def measure(repeat: int) -> list[float]:
+    client = Client(REMOTE_ADDR="127.0.0.1")
+    timings, body = _timed(client, "/metrics", repeat, HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     admitted = sum(
         float(line.rsplit(" ", 1)[1])
         for line in body.splitlines()
         if line.startswith("sluice_admission_decisions_total{") and 'decision="admit"' in line
     )
     print(f"page: {len(body):,} bytes, {body.count(chr(10)):,} lines, {admitted:,.0f} admissions")
-    return sorted(timings)
+    return timings
 
 
 def main() -> None:
@@ -159,12 +181,8 @@ def main() -> None:
             f"in the demo workspace and {args.workspaces} more workspaces "
             f"(seeded in {time.perf_counter() - started:.1f} s)"
         )
-        timings = measure(args.repeat)
-        p95 = timings[min(len(timings) - 1, round(0.95 * (len(timings) - 1)))]
-        print(
-            f"{args.repeat} requests: p50 {statistics.median(timings):.1f} ms, p95 {p95:.1f} ms, "
-            f"max {timings[-1]:.1f} ms"
-        )
+        _report("GET /metrics", measure(args.repeat))
+        dashboard(args.repeat)
     finally:
         keys = list(client.scan_iter(f"{PREFIX}:*", count=1000))
         for start in range(0, len(keys), 1000):
