@@ -403,8 +403,9 @@ class Comparison:
     shadow: dict[str, Any]
     bounds: list[Bound]
     observations: int
-    # Cumulative (request count, rejected count) after each observation, for the plot.
+    # After each observation: (requests or runs so far, rejected so far on each side), plotted.
     series: list[tuple[int, int, int]] = field(default_factory=list)
+    series_unit: str = "requests"
 
     @property
     def passed(self) -> bool:
@@ -554,16 +555,21 @@ def canary_runs_comparison(
     label = _label(canary)
     sides = {"current": Tally(), "canary": Tally()}
     counted = 0
+    series: list[tuple[int, int, int]] = []
     for profile_version, attempts in runs:
         side = sides["canary" if profile_version == label else "current"]
         counted += 1
         _tally_attempts(side, attempts)
+        rejected = [sum(sides[name].rejected.values()) for name in ("current", "canary")]
+        series.append((counted, rejected[0], rejected[1]))
     current, trial = sides["current"].to_dict(), sides["canary"].to_dict()
     return Comparison(
         active=current,
         shadow=trial,
         bounds=compare_tallies(current, trial, other="canary"),
         observations=counted,
+        series=series,
+        series_unit="runs",
     )
 
 

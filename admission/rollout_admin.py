@@ -28,6 +28,7 @@ ACTIVE_LABEL = "active"
 def comparison_charts(comparison: rollout.Comparison, *, other: str) -> list[SafeString]:
     """The plots of a comparison: rejections as the requests add up, and refusals by reason."""
     plots: list[SafeString] = []
+    base = "current version" if other == "canary" else ACTIVE_LABEL
     if comparison.series:
         points_active = [(0.0, 0.0), *((float(n), float(a)) for n, a, _ in comparison.series)]
         points_other = [(0.0, 0.0), *((float(n), float(s)) for n, _, s in comparison.series)]
@@ -35,11 +36,11 @@ def comparison_charts(comparison: rollout.Comparison, *, other: str) -> list[Saf
             SafeString(
                 charts.line_chart(
                     [
-                        charts.Series(ACTIVE_LABEL, points_active),
+                        charts.Series(base, points_active),
                         charts.Series(other, points_other),
                     ],
-                    title="Rejected requests as the mirrored requests add up",
-                    x_label="requests",
+                    title=f"Rejected requests as the {comparison.series_unit} add up",
+                    x_label=comparison.series_unit,
                     y_label="rejected",
                 )
             )
@@ -47,7 +48,7 @@ def comparison_charts(comparison: rollout.Comparison, *, other: str) -> list[Saf
     # One chart per side with the same rows and scale, so a row's bar reads across both.
     reasons = sorted(set(comparison.active["rejected"]) | set(comparison.shadow["rejected"]))
     rows = [("admitted", "admitted"), ("deferred", "waited in a queue")]
-    sides = ((ACTIVE_LABEL, comparison.active), (other, comparison.shadow))
+    sides = ((base, comparison.active), (other, comparison.shadow))
     largest = max(
         [float(tally[key]) for _, tally in sides for key, _ in rows]
         + [float(tally["rejected"].get(reason, 0)) for _, tally in sides for reason in reasons]

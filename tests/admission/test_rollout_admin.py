@@ -3,6 +3,7 @@ promoted, who may use them, and the audit rows they leave."""
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -168,3 +169,50 @@ def test_the_workspace_page_shows_profile_switch_shadow_and_canary(
     assert "Parallel scheduling: <strong>allowed</strong>" in html
     assert "Shadow: <strong>v2</strong>" in html and "Canary: <strong>none</strong>" in html
     assert "v1" in html
+
+
+def test_a_canary_comparison_counts_the_runs_of_each_side_with_plots(
+    workspace, proposer, approver, active_and_candidate
+):
+    from evaluator.models import EvaluationRun
+
+    _current, candidate = active_and_candidate
+    canary = rollout.canary_start(version=candidate, actor=proposer, principals=["quiet-1"])
+    admitted = {"sent": True, "number": 1, "evidence": {"decision": "admit", "queueDelayMs": 0}}
+    refused = {
+        "sent": False,
+        "number": 1,
+        "reason": "queue-full",
+        "evidence": {"decision": "reject", "queueDelayMs": 0, "queued": 3},
+    }
+    for n, (version, attempts) in enumerate(
+        [("v1", [admitted, admitted]), ("v2", [admitted, refused]), ("v1", [admitted])]
+    ):
+        run = EvaluationRun.objects.create(
+            workspace=workspace,
+            submitted_by=proposer,
+            principal_id="quiet-1" if version == "v2" else "pat",
+            invocation_id=f"inv-{n}",
+            document={},
+            ruleset_id="r",
+            ruleset_digest="sha256:x",
+            status="completed",
+            profile_version=version,
+            attempts=attempts,
+        )
+        EvaluationRun.objects.filter(pk=run.pk).update(
+            started_at=canary.at + dt.timedelta(seconds=n + 1),
+            finished_at=canary.at + dt.timedelta(seconds=n + 2),
+        )
+    html = _login(approver).get(f"/admin/admission/rolloutevent/{canary.pk}/comparison/")
+    text = html.content.decode()
+    assert "<th>current version</th><th>canary</th>" in text
+    comparison = html.context["comparison"]
+    assert comparison.observations == 3
+    assert comparison.active["admitted"] == 3 and comparison.active["rejected"] == {}
+    assert comparison.shadow["admitted"] == 1
+    assert comparison.shadow["rejected"] == {"queue-full": 1}
+    assert comparison.series == [(1, 0, 0), (2, 0, 1), (3, 0, 1)]
+    assert text.count('<div class="rollout-plot"><svg') == 3
+    assert "Rejected requests as the runs add up" in text
+    assert "worse: 50.0% against 0.0%" in text
