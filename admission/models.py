@@ -382,3 +382,22 @@ class ShadowObservation(AppendOnlyModel):
 
     def __str__(self) -> str:
         return f"shadow observation {self.pk} of session {self.session_id}"
+
+
+class RunBoundary(AppendOnlyModel):
+    """What an evaluation run started under, kept at its first start so that a redelivered run
+    (a worker died) finishes under the same kill-switch setting and canary arm."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    run_id = models.CharField(max_length=64, unique=True)
+    parallel_allowed = models.BooleanField()
+    canary = models.ForeignKey(
+        RolloutEvent, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} started in {self.workspace_id}"

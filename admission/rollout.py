@@ -36,6 +36,7 @@ from admission.models import (
     ProfileChangeRecord,
     ProfileVersion,
     RolloutEvent,
+    RunBoundary,
     ShadowObservation,
     Workspace,
 )
@@ -168,19 +169,55 @@ def _label(event: RolloutEvent | None) -> str | None:
     return event.version.profile_version
 
 
-def run_plan(*, workspace: Workspace, principal_id: str, invocation_id: str) -> RunPlan:
-    """The kill switch, shadow and canary as they stand for a run starting now."""
-    canary = canary_current(workspace=workspace)
-    on_canary = canary is not None and canary_routes(
-        canary, principal_id=principal_id, invocation_id=invocation_id
+def run_plan(
+    *, workspace: Workspace, principal_id: str, invocation_id: str, run_id: str | None = None
+) -> RunPlan:
+    """The kill switch, shadow and canary as they stand for a run starting now.
+
+    With `run_id` the kill-switch setting and the canary arm are kept at the run's first start
+    (`RunBoundary`) and a later start of the same run (a redelivery) gets them back, so a run
+    in flight finishes under what it started with. A shadow is read afresh: it only observes.
+    """
+    shadow = shadow_current(workspace=workspace)
+    running = canary_current(workspace=workspace)
+    if run_id is not None:
+        kept = RunBoundary.objects.filter(run_id=run_id).select_related("canary__version").first()
+        if kept is not None:
+            return RunPlan(
+                workspace_key=workspace.key,
+                parallel_allowed=kept.parallel_allowed,
+                shadow=shadow,
+                canary=kept.canary if kept.canary is not None else running,
+                on_canary=kept.canary is not None,
+            )
+    on_canary = running is not None and canary_routes(
+        running, principal_id=principal_id, invocation_id=invocation_id
     )
-    return RunPlan(
+    plan = RunPlan(
         workspace_key=workspace.key,
         parallel_allowed=parallel_scheduling_allowed(workspace=workspace),
-        shadow=shadow_current(workspace=workspace),
-        canary=canary,
+        shadow=shadow,
+        canary=running,
         on_canary=on_canary,
     )
+    if run_id is not None:
+        try:
+            with transaction.atomic():
+                RunBoundary.objects.create(
+                    workspace=workspace,
+                    run_id=run_id,
+                    parallel_allowed=plan.parallel_allowed,
+                    canary=running if on_canary else None,
+                )
+        except IntegrityError:
+            # Another delivery of the same run got there first: take what it kept.
+            return run_plan(
+                workspace=workspace,
+                principal_id=principal_id,
+                invocation_id=invocation_id,
+                run_id=run_id,
+            )
+    return plan
 
 
 # --------------------------------------------------------------------------- writes

@@ -250,7 +250,10 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
         return _fail(run, "configuration", str(error))
     # The run boundary: the kill switch, shadow and canary as they stand now hold for this run.
     plan = rollout.run_plan(
-        workspace=run.workspace, principal_id=run.principal_id, invocation_id=run.invocation_id
+        workspace=run.workspace,
+        principal_id=run.principal_id,
+        invocation_id=run.invocation_id,
+        run_id=str(run.pk),
     )
     requested = request.scheduler.enabled
     if not plan.scheduler_enabled(requested):

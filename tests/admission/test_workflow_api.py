@@ -288,3 +288,34 @@ def test_the_schema_documents_every_workflow_route_with_examples(tmp_path):
         "Kill switch on",
     ):
         assert example in schema
+
+
+def test_a_redelivered_run_keeps_the_setting_and_arm_it_started_with(
+    workspace, proposer, approver, make_document
+):
+    pat, alex = _client(proposer), _client(approver)
+    for label in ("v1", "v2"):
+        _propose(pat, make_document, label, concurrency=None if label == "v1" else 4)
+        _approve(alex, label)
+    pat.post(f"{BASE}/profiles/v1/activate/")
+    pat.post(f"{BASE}/canary/", {"version": "v2", "principals": ["quiet-1"]}, format="json")
+
+    first = rollout.run_plan(
+        workspace=workspace, principal_id="quiet-1", invocation_id="i-1", run_id="run-1"
+    )
+    assert first.parallel_allowed and first.on_canary
+    # The switch turns and the canary is abandoned while run-1 is in flight...
+    pat.post(f"{BASE}/scheduling/", {"enabled": False, "reason": "incident"}, format="json")
+    pat.post(f"{BASE}/canary/abandon/", {"reason": "rejects"}, format="json")
+    # ...a worker dies and run-1 is delivered again: it goes on as it started.
+    again = rollout.run_plan(
+        workspace=workspace, principal_id="quiet-1", invocation_id="i-1", run_id="run-1"
+    )
+    assert again.parallel_allowed and again.on_canary
+    assert again.describe(requested=True)["canary"] == "v2"
+    # A run that starts now gets the new setting and no canary.
+    fresh = rollout.run_plan(
+        workspace=workspace, principal_id="quiet-1", invocation_id="i-2", run_id="run-2"
+    )
+    assert not fresh.parallel_allowed and not fresh.on_canary
+    assert fresh.describe(requested=True)["schedulerEnabled"] is False
