@@ -480,14 +480,18 @@ def _opened(tally: Mapping[str, Any]) -> int:
 
 
 def compare_tallies(
-    active: Mapping[str, Any], shadow: Mapping[str, Any], *, other: str = "shadow"
+    active: Mapping[str, Any],
+    shadow: Mapping[str, Any],
+    *,
+    other: str = "shadow",
+    base: str = "active",
 ) -> list[Bound]:
-    """A verdict per bound: the `other` side passes a bound when it is no worse than active."""
+    """A verdict per bound: the `other` side passes a bound when it is no worse than `base`."""
 
     def bound(key: str, title: str, a: float, s: float, unit: str, show: str = "{:g}") -> Bound:
         passed = s <= a + 1e-9
         if abs(s - a) <= 1e-9:
-            verdict = f"same as active ({show.format(s)}{unit})"
+            verdict = f"same as {base} ({show.format(s)}{unit})"
         elif s < a:
             verdict = f"better: {show.format(s)}{unit} against {show.format(a)}{unit}"
         else:
@@ -603,7 +607,7 @@ def canary_runs_comparison(
     return Comparison(
         active=current,
         shadow=trial,
-        bounds=compare_tallies(current, trial, other="canary"),
+        bounds=compare_tallies(current, trial, other="canary", base="the current version"),
         observations=counted,
         series=series,
         series_unit="runs",
