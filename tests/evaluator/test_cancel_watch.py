@@ -70,7 +70,9 @@ def test_one_check_serves_every_watched_run_and_fires_only_the_cancelled_ones(
     async def scenario() -> None:
         async with contextlib.AsyncExitStack() as stack:
             signals = [
-                await stack.enter_async_context(cancel_watch.run_cancel_signal(run.pk))
+                await stack.enter_async_context(
+                    cancel_watch.run_cancel_signal("demo", run.invocation_id)
+                )
                 for run in runs
             ]
             assert cancel_watch.watched_runs() == {run.pk for run in runs}
