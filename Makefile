@@ -39,6 +39,7 @@ bench: install
 	$(BIN)/python benchmarks/history_api.py
 	$(BIN)/python benchmarks/service.py
 	$(BIN)/python benchmarks/telemetry.py
+	$(BIN)/python benchmarks/shadow.py
 	$(BIN)/python benchmarks/run_progress.py
 
 evidence: install

@@ -59,6 +59,24 @@ def what_if_run_list(*, version: ProfileVersion) -> QuerySet[LoadRun]:
     )
 
 
+def run_admissions_since(
+    *, workspace: Workspace, since: Any, until: Any = None
+) -> list[tuple[str | None, list[dict[str, Any]]]]:
+    """(profile version, attempts) of the workspace's finished evaluation runs started in the
+    window, oldest first: what a canary comparison counts."""
+    runs = EvaluationRun.objects.filter(
+        workspace=workspace, started_at__gte=since, finished_at__isnull=False
+    )
+    if until is not None:
+        runs = runs.filter(started_at__lte=until)
+    return [
+        (version, list(attempts or []))
+        for version, attempts in runs.order_by("started_at", "id").values_list(
+            "profile_version", "attempts"
+        )
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class RunProgress:
     """How far an evaluation run got: decisions done of the total, each done decision's status,

@@ -23,7 +23,7 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
-from admission import access, refresh, runtime, selectors
+from admission import access, refresh, rollout, runtime, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
@@ -248,7 +248,17 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
         return _fail(run, "invalid-definition", error.problem, field=error.field)
     except AdapterConfigError as error:
         return _fail(run, "configuration", str(error))
-    registry = runtime.get_registry()
+    # The run boundary: the kill switch, shadow and canary as they stand now hold for this run.
+    plan = rollout.run_plan(
+        workspace=run.workspace, principal_id=run.principal_id, invocation_id=run.invocation_id
+    )
+    requested = request.scheduler.enabled
+    if not plan.scheduler_enabled(requested):
+        request = dataclasses.replace(
+            request, scheduler=dataclasses.replace(request.scheduler, enabled=False)
+        )
+    with loop.frozen():
+        registry = runtime.registry_for_run(plan)
     try:
         outcome = loop.run(_evaluate(request, registry, adapters))
     except InvalidDefinitionError as error:
@@ -257,13 +267,21 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
         # Another delivery of this run holds the receipt; it writes the result, not us.
         logger.warning("evaluation run %s: %s", run.pk, conflict)
         return run
-    return _complete(run, outcome)
+    if outcome.shadow is not None and plan.shadow is not None:
+        session, active, would_be = outcome.shadow
+        if session == plan.shadow.pk:
+            rollout.shadow_observation_record(
+                session_id=session, run_id=str(run.pk), active=active, shadow=would_be
+            )
+    return _complete(run, outcome, rollout=plan.describe(requested=requested))
 
 
 @dataclass(frozen=True, slots=True)
 class _Outcome:
     result: EvaluationResult
     profile_version: str | None
+    # (shadow session, active tally, shadow tally) drained when the run ended.
+    shadow: tuple[Any, dict[str, Any], dict[str, Any]] | None = None
 
 
 async def _evaluate(
@@ -290,10 +308,15 @@ async def _evaluate(
             close = getattr(adapter, "aclose", None)
             if close is not None:
                 await close()
-    return _Outcome(result, profile.profile_version if profile is not None else None)
+    # Drained on the loop, where the shadow counts.
+    shadow = registry.shadow(request.workspace_id)
+    drained = (shadow.session, *shadow.drain()) if shadow is not None else None
+    return _Outcome(result, profile.profile_version if profile is not None else None, drained)
 
 
-def _complete(run: EvaluationRun, outcome: _Outcome) -> EvaluationRun:
+def _complete(
+    run: EvaluationRun, outcome: _Outcome, *, rollout: dict[str, Any] | None = None
+) -> EvaluationRun:
     result = outcome.result
     status = result.status
     if status == "completed" and any(d.status == EXECUTION_UNCERTAIN for d in result.decisions):
@@ -304,6 +327,8 @@ def _complete(run: EvaluationRun, outcome: _Outcome) -> EvaluationRun:
         for attempt in decision.pop("attempts"):
             attempts.append({"decisionId": decision["decisionId"], **attempt})
     document["succeeded"] = result.succeeded
+    if rollout is not None:
+        document["rollout"] = rollout
     return _finish(
         run,
         status=status,

@@ -45,7 +45,16 @@ SECRET_INPUT = "globex-secret-merger-terms"
         ("approver", {"view", "evaluate", "propose", "approve"}),
         (
             "operator",
-            {"view", "evaluate", "propose", "approve", "activate", "run-load", "cancel-runs"},
+            {
+                "view",
+                "evaluate",
+                "propose",
+                "approve",
+                "activate",
+                "run-load",
+                "operate",
+                "cancel-runs",
+            },
         ),
     ],
 )
