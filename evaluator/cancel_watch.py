@@ -129,11 +129,15 @@ def watched_runs() -> set[uuid.UUID]:
 
 
 def _lookup_sync(workspace_key: str, invocation_id: str) -> tuple[uuid.UUID | None, bool]:
-    row = (
-        EvaluationRun.objects.filter(workspace__key=workspace_key, invocation_id=invocation_id)
-        .values_list("pk", "cancel_requested_at")
-        .first()
-    )
+    try:
+        row = (
+            EvaluationRun.objects.filter(workspace__key=workspace_key, invocation_id=invocation_id)
+            .values_list("pk", "cancel_requested_at")
+            .first()
+        )
+    except DatabaseError:
+        close_old_connections()
+        raise
     if row is None:
         return None, False
     return row[0], row[1] is not None
