@@ -878,3 +878,6 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
 
 
 from admission import rollout_admin  # noqa: E402,F401  (registers the rollout pages)
+
+# The index links the live admission dashboard (admission/dashboard.py, config/urls.py).
+admin.site.index_template = "admin/admission/index.html"

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from config.env import (
+    SettingsError,
     cache_from_url,
     database_from_url,
     env_bool,
@@ -15,6 +16,7 @@ from config.env import (
     env_int,
     env_json,
     env_list,
+    env_networks,
     env_rate,
     env_str,
     otlp_protocol,
@@ -285,6 +287,7 @@ SLUICE_STAGED_PROVIDER = env_json("SLUICE_STAGED_PROVIDER", None)
 # Probes answer before host validation (orchestrators call the pod's address); WhiteNoise serves
 # the collected static files right after SecurityMiddleware, as its documentation asks.
 MIDDLEWARE.insert(0, "config.health.HealthCheckMiddleware")
+MIDDLEWARE.insert(1, "config.metrics.MetricsMiddleware")
 _security = MIDDLEWARE.index("django.middleware.security.SecurityMiddleware")
 MIDDLEWARE.insert(_security + 1, "whitenoise.middleware.WhiteNoiseMiddleware")
 STORAGES = {
@@ -303,6 +306,14 @@ SLUICE_WEB_KEEPALIVE = env_int("SLUICE_WEB_KEEPALIVE", 5, minimum=0)
 
 # /readyz: how long one dependency (broker, Redis) may take to answer before it counts as down.
 SLUICE_HEALTH_TIMEOUT_SECONDS = env_int("SLUICE_HEALTH_TIMEOUT_SECONDS", 2, minimum=1)
+
+# /metrics (config/metrics.py): answered to a request that carries `Authorization: Bearer
+# <SLUICE_METRICS_TOKEN>` or comes from an address in SLUICE_METRICS_ALLOW_FROM; with neither set
+# it answers nobody. Behind a proxy every request comes from the proxy's address: use the token.
+SLUICE_METRICS_TOKEN = env_str("SLUICE_METRICS_TOKEN", "")
+if SLUICE_METRICS_TOKEN and len(SLUICE_METRICS_TOKEN) < 16:
+    raise SettingsError("SLUICE_METRICS_TOKEN must be at least 16 characters long")
+SLUICE_METRICS_ALLOW_FROM = env_networks("SLUICE_METRICS_ALLOW_FROM")
 
 # Logs: "text" for people, "json" (one object per line) for collectors.
 SLUICE_LOG_FORMAT = env_choice("SLUICE_LOG_FORMAT", "text", ("text", "json"))

@@ -4,8 +4,11 @@ Sets up a throwaway embedded deployment (SQLite and the filesystem broker in a t
 directory), starts its web server and worker, and drives the admin with a headless Chromium
 (`SLUICE_CHROMIUM`, default /usr/bin/chromium) at 1280 x 860: propose, run a what-if, approve,
 activate, roll back, run an evaluation and a load run, then shadow a stricter version, turn
-the kill switch and start a canary. PNGs go to docs/img/; `--only 19,23`
+the kill switch, start a canary and watch admission live. PNGs go to docs/img/; `--only 19,23`
 writes only those shots (the tour still runs every step, since later steps need earlier ones).
+`--admission-redis redis://HOST:PORT/N` coordinates admission in that Redis (under a key
+prefix of the tour's own, removed afterwards), so the live admission dashboard has
+deployment-wide figures to show; without it the dashboard says it has none.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ def _wait_ready(url: str, timeout: float = 120.0) -> None:
 
 
 @contextmanager
-def deployment() -> Iterator[tuple[str, dict[str, str]]]:
+def deployment(admission_redis: str = "") -> Iterator[tuple[str, dict[str, str]]]:
     """A demo deployment of its own; yields the base URL and the demo passwords."""
     with tempfile.TemporaryDirectory(prefix="sluice-tour-") as tmp:
         env = {
@@ -73,6 +76,8 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
             DJANGO_SETTINGS_MODULE="config.settings",
             # Plain HTTP on loopback, as `make run` allows itself.
             DJANGO_HTTPS="0",
+            SLUICE_ADMISSION_REDIS_URL=admission_redis,
+            SLUICE_ADMISSION_KEY_PREFIX=f"sluice-tour-{os.getpid()}",
         )
         python = sys.executable
         setup = subprocess.run(
@@ -114,7 +119,16 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
                 stderr=subprocess.STDOUT,
             ),
             subprocess.Popen(
-                [python, "-m", "celery", "-A", "config", "worker", "-c", "1", "-l", "WARNING"],
+                [
+                    python,
+                    "-m",
+                    "config.cli",
+                    "worker",
+                    "--concurrency",
+                    "1",
+                    "--loglevel",
+                    "WARNING",
+                ],
                 cwd=ROOT,
                 env=env,
                 stdout=log,
@@ -130,6 +144,18 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
             for child in children:
                 child.wait(timeout=30)
             log.close()
+            if admission_redis:
+                _forget_admission_state(admission_redis, env["SLUICE_ADMISSION_KEY_PREFIX"])
+
+
+def _forget_admission_state(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 class Tour:
@@ -320,6 +346,18 @@ def tour(page: Page, base: str, passwords: dict[str, str], only: set[str] | None
     t.go("/admin/admission/rolloutevent/")
     t.shot("30-rollout-events")
 
+    # Live admission: a few more evaluations first, so the hour has something to show.
+    for _ in range(3):
+        t.go("/admin/evaluator/evaluationrun/add/")
+        page.select_option("#id_workspace", label="demo")
+        page.click("input[name=_start]")
+        wait_for_status(page, 60)
+    t.go("/admin/")
+    t.shot("31-admin-index-live-link")
+    page.click("#live-admission-link a:text-is('Live admission')")
+    page.wait_for_url("**/admin/admission/live/")
+    t.shot("32-live-admission", full_page=True)
+
 
 def main() -> int:
     import argparse
@@ -328,10 +366,13 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated shot numbers to write, e.g. 19,22,23")
+    parser.add_argument(
+        "--admission-redis", default="", help="coordinate admission in this Redis (redis://...)"
+    )
     args = parser.parse_args()
     only = {part.strip() for part in args.only.split(",")} if args.only else None
     django.setup()
-    with deployment() as (base, passwords), sync_playwright() as playwright:
+    with deployment(args.admission_redis) as (base, passwords), sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         page = browser.new_page(viewport=VIEWPORT)
         try:
