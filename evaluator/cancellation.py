@@ -1,4 +1,4 @@
-"""Cancelling an evaluation run, for the API, the admin and the shell.
+"""Cancelling an evaluation run, for the API and the admin.
 
 A queued run ends `cancelled` at once, in the same transaction that records the request (the
 row is locked meanwhile): no worker has it, and a worker that meets it afterwards finds it
