@@ -178,11 +178,12 @@ def _request_cancel(run_id: uuid.UUID) -> None:
     EvaluationRun.objects.filter(pk=run_id).update(cancel_requested_at=timezone.now())
 
 
-async def cancel_latencies(run_ids: list[uuid.UUID]) -> list[float]:
+async def cancel_latencies(runs: list[EvaluationRun]) -> list[float]:
     """Seconds from a cancel request (at a random moment) to the run's signal firing."""
     latencies = []
-    for run_id in run_ids:
-        async with cancel_watch.run_cancel_signal(run_id) as signal:
+    for run in runs:
+        run_id = run.pk
+        async with cancel_watch.run_cancel_signal("bench", run.invocation_id) as signal:
             # A request lands at an arbitrary point of the check interval.
             await asyncio.sleep(secrets.randbelow(1000) / 1000 * cancel_watch.check_interval())
             asked = time.perf_counter()
@@ -222,7 +223,7 @@ def main() -> None:
             p50, p95 = asyncio.run(check_figures(watched[:count], args.repeat))
             print(f"{f'{count} runs watched':<28}{p50:>10.2f}{p95:>10.2f}")
 
-        runs = [_run(workspace, reader, 1).pk for _ in range(args.cancels)]
+        runs = [_run(workspace, reader, 1) for _ in range(args.cancels)]
         latencies = asyncio.run(cancel_latencies(runs))
         p50, p95 = _percentiles(latencies)
         print(

@@ -6,7 +6,8 @@ Redis restart. A process running evaluations keeps one watch per event loop: the
 of every run it is running, keyed by run id, and one asyncio task that, every
 `SLUICE_CANCEL_CHECK_SECONDS` (default 1 s) while any run is watched, asks the database in a
 single query which of them have a cancel request and fires their signals. A run is also checked
-once when its watch starts, so a run whose cancel arrived before a worker took it up (or while
+once when its watch starts (the run is found by its workspace and invocation id, which the
+engine's request carries), so a run whose cancel arrived before a worker took it up (or while
 its previous worker was dead) dispatches nothing.
 
 A fired signal stops the run as the engine stops any cancelled run: an attempt waiting for
@@ -127,23 +128,47 @@ def watched_runs() -> set[uuid.UUID]:
     return set(_watch().signals)
 
 
+def _lookup_sync(workspace_key: str, invocation_id: str) -> tuple[uuid.UUID | None, bool]:
+    try:
+        row = (
+            EvaluationRun.objects.filter(workspace__key=workspace_key, invocation_id=invocation_id)
+            .values_list("pk", "cancel_requested_at")
+            .first()
+        )
+    except DatabaseError:
+        close_old_connections()
+        raise
+    if row is None:
+        return None, False
+    return row[0], row[1] is not None
+
+
 @contextlib.asynccontextmanager
-async def run_cancel_signal(run_id: uuid.UUID | str) -> AsyncIterator[CancelSignal]:
-    """The cancel signal of run `run_id` while the block runs on this loop.
+async def run_cancel_signal(workspace_key: str, invocation_id: str) -> AsyncIterator[CancelSignal]:
+    """The cancel signal of the evaluation run of `invocation_id` in `workspace_key`, while the
+    block runs on this loop.
 
     It fires (reason `cancelled`) once the run's cancel request is seen: at once when it was
-    requested before the block began, otherwise within one check interval.
+    requested before the block began, otherwise within one check interval. An evaluation with
+    no run row (a harness or a test calling the engine) gets a signal that never fires.
     """
-    key = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
-    watch = _watch()
     signal = CancelSignal()
-    watch.add(key, signal)
     try:
-        try:
-            if await cancel_requested([key]):
-                signal.cancel(CANCEL_REASON)
-        except DatabaseError as error:
-            logger.warning("could not check run %s for a cancel request: %s", key, error)
+        run_id, requested = await sync_to_async(_lookup_sync, thread_sensitive=True)(
+            workspace_key, invocation_id
+        )
+    except DatabaseError as error:
+        # The evaluation's own receipt writes meet the same database; nothing to watch here.
+        logger.warning("could not look up run %s for cancel requests: %s", invocation_id, error)
+        run_id, requested = None, False
+    if run_id is None:
+        yield signal
+        return
+    if requested:
+        signal.cancel(CANCEL_REASON)
+    watch = _watch()
+    watch.add(run_id, signal)
+    try:
         yield signal
     finally:
-        watch.remove(key, signal)
+        watch.remove(run_id, signal)

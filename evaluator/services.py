@@ -263,7 +263,7 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
     with loop.frozen():
         registry = runtime.registry_for_run(plan)
     try:
-        outcome = loop.run(_evaluate(request, registry, adapters, run_id=run.pk))
+        outcome = loop.run(_evaluate(request, registry, adapters))
     except InvalidDefinitionError as error:
         return _fail(run, "invalid-definition", error.problem, field=error.field)
     except ReceiptConflictError as conflict:
@@ -291,8 +291,6 @@ async def _evaluate(
     request: DecisionEvaluationRequest,
     registry: AdmissionRegistry,
     adapters: dict[str, Any],
-    *,
-    run_id: uuid.UUID,
 ) -> _Outcome:
     store = DatabaseReceiptStore()
     # The store's thread keeps its connection between runs; drop it if the server went away.
@@ -300,7 +298,7 @@ async def _evaluate(
     profile = registry.current_profile(request.workspace_id)
     try:
         # The run's cancel signal fires when somebody cancels it, from any process.
-        async with run_cancel_signal(run_id) as signal:
+        async with run_cancel_signal(request.workspace_id, request.invocation_id) as signal:
             result = await evaluate_decision_ruleset(
                 dataclasses.replace(request, signal=signal),
                 registry=registry,

@@ -1,6 +1,6 @@
 """The cancel watch in one process, against the real database: one check serves every run on the
-loop and fires only the cancelled ones; a run whose cancel was asked before its worker took it up
-again dispatches nothing."""
+loop and fires only the cancelled ones; a run whose cancel was asked before its watch began is
+cancelled at once (the engine then dispatches nothing: tests/evaluator/test_scheduler.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,12 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 from django.utils import timezone
 
-from admission import refresh, runtime
+from admission import runtime
 from admission.models import Workspace
 from config.demo import demo_setup
-from evaluator import cancel_watch, services
+from evaluator import cancel_watch
 from evaluator.forms import example_request
 from evaluator.models import EvaluationRun
-from evaluator.worker import evaluation_loop
-from tests.evaluator.loopback import LoopbackServer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,9 +31,6 @@ def demo(settings: Any) -> Iterator[Workspace]:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     demo_setup()
     yield Workspace.objects.get(key="demo")
-    refresh.stop_listener()
-    # The ORM calls of the evaluation loop ran in asgiref's thread: close its connection.
-    evaluation_loop().run(sync_to_async(connections.close_all, thread_sensitive=True)())
     runtime.reset_registry()
 
 
@@ -70,7 +65,9 @@ def test_one_check_serves_every_watched_run_and_fires_only_the_cancelled_ones(
     async def scenario() -> None:
         async with contextlib.AsyncExitStack() as stack:
             signals = [
-                await stack.enter_async_context(cancel_watch.run_cancel_signal(run.pk))
+                await stack.enter_async_context(
+                    cancel_watch.run_cancel_signal("demo", run.invocation_id)
+                )
                 for run in runs
             ]
             assert cancel_watch.watched_runs() == {run.pk for run in runs}
@@ -94,18 +91,25 @@ def _request_cancel(run_id: Any) -> None:
     EvaluationRun.objects.filter(pk=run_id).update(cancel_requested_at=timezone.now())
 
 
-def test_a_run_whose_cancel_came_before_its_worker_took_it_up_again_dispatches_nothing(
-    demo, settings
-):
-    with LoopbackServer() as server:
-        settings.SLUICE_ADAPTERS = {"fake": {"kind": "openai-chat", "baseUrl": server.base_url}}
-        # Its worker died; the cancel request is on the row when the run is delivered again.
-        run = _run(demo, "inv-resumed", status="running", deliveries=1)
-        _request_cancel(run.pk)
-        done = services.evaluation_run_execute(run.pk)
-    assert done is not None
-    assert done.status == "cancelled"
-    assert done.deliveries == 2
-    assert [d["status"] for d in done.result["decisions"]] == ["cancelled", "cancelled"]
-    assert done.attempts == []
-    assert server.requests == []
+def test_a_run_whose_cancel_came_before_its_watch_began_is_cancelled_at_once(demo, settings):
+    # No periodic check within the test: only the check at the start can fire the signal.
+    settings.SLUICE_CANCEL_CHECK_SECONDS = 3600
+    # Its worker died; the cancel request is on the row when the run is taken up again.
+    run = _run(demo, "inv-resumed", status="running", deliveries=1)
+    _request_cancel(run.pk)
+    fresh = _run(demo, "inv-fresh", status="running")
+
+    async def scenario() -> None:
+        async with cancel_watch.run_cancel_signal("demo", "inv-resumed") as resumed:
+            assert resumed.cancelled
+            assert resumed.reason == "cancelled"
+        async with cancel_watch.run_cancel_signal("demo", "inv-fresh") as running:
+            assert not running.cancelled
+            assert cancel_watch.watched_runs() == {fresh.pk}
+        # An evaluation with no run row (the harness, a test of the engine) is not watched.
+        async with cancel_watch.run_cancel_signal("demo", "no-such-run") as unwatched:
+            assert not unwatched.cancelled
+            assert cancel_watch.watched_runs() == set()
+        await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    asyncio.run(scenario())

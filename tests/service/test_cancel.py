@@ -18,6 +18,8 @@ from tests.service.conftest import Deployment
 pytestmark = pytest.mark.celery
 
 RUNS = "/api/workspaces/demo/evaluations/"
+# Held calls wait for the test's release; only a test that failed waits this long.
+HOLD_SECONDS = 300.0
 
 
 def _provider_env(server: LoopbackServer) -> dict[str, str]:
@@ -49,7 +51,7 @@ def test_a_running_run_shows_its_progress_and_a_cancel_aborts_its_call(deploymen
     with LoopbackServer() as server:
         # The first decision is answered at once; every later call is held.
         server.replies.append(Reply(content="yes"))
-        server.default = Reply(content="yes", hold=release)
+        server.default = Reply(content="yes", hold=release, hold_seconds=HOLD_SECONDS)
         try:
             env = _provider_env(server)
             deployment.start_web(env)
@@ -150,7 +152,7 @@ services.profile_version_activate(version=version, actor=approver)
 def test_a_run_waiting_for_admission_leaves_the_queue_when_cancelled(deployment):
     release = threading.Event()
     with LoopbackServer() as server:
-        server.default = Reply(content="yes", hold=release)
+        server.default = Reply(content="yes", hold=release, hold_seconds=HOLD_SECONDS)
         try:
             env = _provider_env(server)
             deployment.django(ONE_AT_A_TIME)
