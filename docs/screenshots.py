@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -31,6 +32,8 @@ from playwright.sync_api import Page, expect, sync_playwright
 # Run as a script from anywhere: the project root is where config/ and manage.py live.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# A throwaway deployment: a key of its own, shared by this script and the processes it starts.
+os.environ.setdefault("DJANGO_SECRET_KEY", "tour-" + secrets.token_urlsafe(48))
 
 ROOT = Path(__file__).resolve().parent.parent
 IMG = ROOT / "docs" / "img"
