@@ -132,8 +132,11 @@ def _profile_limits(workspace: Workspace) -> tuple[str | None, dict[str, Any], d
     return active[1], dict(limits), {pid: dict(lim) for pid, lim in providers.items()}
 
 
-def workspace_view(workspace: Workspace, *, minutes: int = 60) -> WorkspaceView:
-    """The workspace now, with per-minute counts of the last `minutes` when coordinated."""
+def workspace_view(
+    workspace: Workspace, *, minutes: int = 60, unreachable: str = ""
+) -> WorkspaceView:
+    """The workspace now, with per-minute counts of the last `minutes` when coordinated.
+    `unreachable` (why Redis failed a moment ago) skips the read: the view says so instead."""
     revision, limits, provider_limits = _profile_limits(workspace)
     observer = runtime.shared_state_observer()
     now_ms = time.time() * 1000.0
@@ -143,6 +146,8 @@ def workspace_view(workspace: Workspace, *, minutes: int = 60) -> WorkspaceView:
             workspace.key, False, revision, limits=limits, providers=providers, now_ms=now_ms
         )
     try:
+        if unreachable:
+            raise CoordinationUnavailable(unreachable)
         state = observer.state_sync(workspace.key, minutes=minutes)
     except CoordinationUnavailable as error:
         reason = f"the admission Redis did not answer ({str(error).split(':', 1)[0]})"
@@ -210,4 +215,12 @@ def deployment_views(
     if workspaces is None:
         active = ProfileChangeRecord.objects.values("workspace_id")
         workspaces = Workspace.objects.filter(pk__in=active).order_by("key")
-    return [workspace_view(workspace, minutes=minutes) for workspace in workspaces]
+    views: list[WorkspaceView] = []
+    unreachable = ""
+    for workspace in workspaces:
+        view = workspace_view(workspace, minutes=minutes, unreachable=unreachable)
+        if view.unavailable and not unreachable:
+            # One timeout per page, not one per workspace, while Redis is away.
+            unreachable = view.unavailable.rsplit("(", 1)[-1].rstrip(")")
+        views.append(view)
+    return views
