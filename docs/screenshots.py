@@ -256,8 +256,13 @@ def tour(page: Page, base: str, passwords: dict[str, str], only: set[str] | None
     t.go("/admin/admission/profilechangerecord/")
     t.shot("16-change-history")
     t.go("/admin/admission/workspace/")
-    page.click("#result_list a:text-is('demo')")
-    t.shot("17-workspace", full_page=True)
+    demo_link = page.locator("#result_list a:text-is('demo')")
+    if demo_link.count():
+        demo_link.click()
+        t.shot("17-workspace", full_page=True)
+    else:
+        # Workspaces are managed by superusers, and the demo users are none.
+        print("17-workspace skipped: the workspace pages are for superusers", file=sys.stderr)
 
     t.go("/admin/evaluator/evaluationrun/add/")
     page.select_option("#id_workspace", label="demo")
