@@ -2,8 +2,9 @@
 
     python benchmarks/coordination.py [--redis redis://127.0.0.1:6379/8] [--seconds 5]
 
-Prints, for one process and for four processes: admission decisions per second and the latency
-of one decision (acquire) at p50 and p99, with the in-process controller's figures beside them;
+Prints the latency one decision adds (acquire, one caller at a time, p50 and p99) through Redis
+against the in-process controller; then, with several callers per process, for one process and
+for four processes: admission decisions per second and acquire latency under that load;
 script calls (round trips) per acquire and per release, counted by the client and by Redis's own
 command statistics; and Redis memory per principal with a waiter, at 10 000 principals.
 Asserts nothing.
@@ -189,16 +190,22 @@ def main() -> None:
     client = redis.Redis.from_url(args.redis)
     print(f"Redis {client.info('server')['redis_version']} at {args.redis}; {os.cpu_count()} cores")
 
-    local = in_process(args.seconds, args.callers)
-    print(summary("in-process, 1 process", local))
-
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    alone_local = in_process(args.seconds, 1)
+    alone = one_process(args.redis, prefix, args.seconds, 1)
+    print(summary("in-process, one caller", alone_local))
+    print(summary("Redis, one caller", alone))
+    for q in (0.5, 0.99):
+        added = percentile(alone["latencies"], q) - percentile(alone_local["latencies"], q)
+        print(f"{'':<40} added latency per decision p{round(q * 100)} {added / 1000:.3f} ms")
+
+    local = in_process(args.seconds, args.callers)
+    print(summary(f"in-process, 1 process, {args.callers} callers", local))
+
     calls_before = evalsha_calls(client)
     single = one_process(args.redis, prefix, args.seconds, args.callers)
     calls = evalsha_calls(client) - calls_before
-    print(summary("Redis, 1 process", single))
-    added = percentile(single["latencies"], 0.5) - percentile(local["latencies"], 0.5)
-    print(f"{'':<40} added latency per decision p50 {added / 1000:.3f} ms")
+    print(summary(f"Redis, 1 process, {args.callers} callers", single))
     trips = single["round_trips"]
     decisions = single["decisions"]
     print(
@@ -222,8 +229,9 @@ def main() -> None:
     total = sum(r["decisions"] for r in results)
     span = max(r["seconds"] for r in results)
     latencies = [value for r in results for value in r["latencies"]]
+    label = f"Redis, 4 processes, {args.callers} callers each"
     print(
-        f"{'Redis, 4 processes':<40} {total / span:>10,.0f} decisions/s   acquire p50 "
+        f"{label:<40} {total / span:>10,.0f} decisions/s   acquire p50 "
         f"{percentile(latencies, 0.5):8.1f} µs   p99 {percentile(latencies, 0.99):8.1f} µs"
     )
     per_process = [r["decisions"] / r["seconds"] for r in results]

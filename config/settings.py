@@ -350,3 +350,11 @@ SLUICE_PROFILE_LISTEN = env_bool("SLUICE_PROFILE_LISTEN", True)
 SLUICE_PROFILE_POLL_SECONDS = env_float(
     "SLUICE_PROFILE_POLL_SECONDS", None, minimum=0.0, exclusive=True
 )
+
+# Evaluation runs: how often a process running evaluations checks the database for cancel
+# requests of its runs (evaluator/cancel_watch.py), and the most decisions one submitted
+# ruleset may hold (at most the engine's own ceiling of 10 000).
+SLUICE_CANCEL_CHECK_SECONDS = env_float(
+    "SLUICE_CANCEL_CHECK_SECONDS", 1.0, minimum=0.0, exclusive=True
+)
+SLUICE_MAX_DECISIONS = env_int("SLUICE_MAX_DECISIONS", 1000, minimum=1)

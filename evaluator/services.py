@@ -10,6 +10,7 @@ resumes from its database receipt, so no receipt-backed attempt is dispatched tw
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Mapping
@@ -17,19 +18,22 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
-from admission import access, refresh, runtime, selectors
+from admission import access, refresh, rollout, runtime, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
 from evaluator import qualification
+from evaluator.cancel_watch import run_cancel_signal
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
+from evaluator.engine.rulesets import MAX_DECISIONS
 from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
@@ -142,9 +146,23 @@ def evaluation_run_submit(
     return run, True
 
 
+def _check_size(document: Any) -> None:
+    """Refuse a ruleset above the deployment's `SLUICE_MAX_DECISIONS` before parsing it."""
+    limit = min(settings.SLUICE_MAX_DECISIONS, MAX_DECISIONS)
+    ruleset = document.get("ruleset") if isinstance(document, Mapping) else None
+    decisions = ruleset.get("decisions") if isinstance(ruleset, Mapping) else None
+    if isinstance(decisions, list) and len(decisions) > limit:
+        raise InvalidRunRequest(
+            f"holds {len(decisions)} decisions; this deployment takes at most {limit} per "
+            "evaluation (SLUICE_MAX_DECISIONS)",
+            field="ruleset.decisions",
+        )
+
+
 def _parse_request(
     document: Any, *, principal_id: str, workspace: Workspace
 ) -> DecisionEvaluationRequest:
+    _check_size(document)
     if isinstance(document, Mapping):
         scheduler = document.get("scheduler")
         if isinstance(scheduler, Mapping) and scheduler.get("profile") is not None:
@@ -230,50 +248,77 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
         return _fail(run, "invalid-definition", error.problem, field=error.field)
     except AdapterConfigError as error:
         return _fail(run, "configuration", str(error))
-    registry = runtime.get_registry()
+    # The run boundary: the kill switch, shadow and canary as they stand now hold for this run.
+    plan = rollout.run_plan(
+        workspace=run.workspace, principal_id=run.principal_id, invocation_id=run.invocation_id
+    )
+    requested = request.scheduler.enabled
+    if not plan.scheduler_enabled(requested):
+        request = dataclasses.replace(
+            request, scheduler=dataclasses.replace(request.scheduler, enabled=False)
+        )
+    with loop.frozen():
+        registry = runtime.registry_for_run(plan)
     try:
-        outcome = loop.run(_evaluate(request, registry, adapters))
+        outcome = loop.run(_evaluate(request, registry, adapters, run_id=run.pk))
     except InvalidDefinitionError as error:
         return _fail(run, "invalid-definition", error.problem, field=error.field)
     except ReceiptConflictError as conflict:
         # Another delivery of this run holds the receipt; it writes the result, not us.
         logger.warning("evaluation run %s: %s", run.pk, conflict)
         return run
-    return _complete(run, outcome)
+    if outcome.shadow is not None and plan.shadow is not None:
+        session, active, would_be = outcome.shadow
+        if session == plan.shadow.pk:
+            rollout.shadow_observation_record(
+                session_id=session, run_id=str(run.pk), active=active, shadow=would_be
+            )
+    return _complete(run, outcome, rollout=plan.describe(requested=requested))
 
 
 @dataclass(frozen=True, slots=True)
 class _Outcome:
     result: EvaluationResult
     profile_version: str | None
+    # (shadow session, active tally, shadow tally) drained when the run ended.
+    shadow: tuple[Any, dict[str, Any], dict[str, Any]] | None = None
 
 
 async def _evaluate(
     request: DecisionEvaluationRequest,
     registry: AdmissionRegistry,
     adapters: dict[str, Any],
+    *,
+    run_id: uuid.UUID,
 ) -> _Outcome:
     store = DatabaseReceiptStore()
     # The store's thread keeps its connection between runs; drop it if the server went away.
     await sync_to_async(close_old_connections, thread_sensitive=True)()
     profile = registry.current_profile(request.workspace_id)
     try:
-        result = await evaluate_decision_ruleset(
-            request,
-            registry=registry,
-            adapters=adapters,
-            receipt_store=store,
-            telemetry=evaluator_telemetry(),
-        )
+        # The run's cancel signal fires when somebody cancels it, from any process.
+        async with run_cancel_signal(run_id) as signal:
+            result = await evaluate_decision_ruleset(
+                dataclasses.replace(request, signal=signal),
+                registry=registry,
+                adapters=adapters,
+                receipt_store=store,
+                telemetry=evaluator_telemetry(),
+            )
     finally:
         for adapter in adapters.values():
             close = getattr(adapter, "aclose", None)
             if close is not None:
                 await close()
-    return _Outcome(result, profile.profile_version if profile is not None else None)
+    # Drained on the loop, where the shadow counts.
+    shadow = registry.shadow(request.workspace_id)
+    drained = (shadow.session, *shadow.drain()) if shadow is not None else None
+    return _Outcome(result, profile.profile_version if profile is not None else None, drained)
 
 
-def _complete(run: EvaluationRun, outcome: _Outcome) -> EvaluationRun:
+def _complete(
+    run: EvaluationRun, outcome: _Outcome, *, rollout: dict[str, Any] | None = None
+) -> EvaluationRun:
     result = outcome.result
     status = result.status
     if status == "completed" and any(d.status == EXECUTION_UNCERTAIN for d in result.decisions):
@@ -284,6 +329,8 @@ def _complete(run: EvaluationRun, outcome: _Outcome) -> EvaluationRun:
         for attempt in decision.pop("attempts"):
             attempts.append({"decisionId": decision["decisionId"], **attempt})
     document["succeeded"] = result.succeeded
+    if rollout is not None:
+        document["rollout"] = rollout
     return _finish(
         run,
         status=status,

@@ -7,6 +7,10 @@ The heap peak is sampled, not traced: tracing every allocation (tracemalloc) slo
 code several times over and would distort the CPU figure of the same run. ``HeapSampler`` reads
 the process's resident memory at every progress tick (each 1 % of the virtual window) and at the
 end, and reports the largest growth over what was resident when the run started.
+
+The resident memory of a run (``rssMiB``) is the largest resident size sampled while it ran, not
+the process's lifetime peak: a worker process that once held more for other work does not charge
+that to every load run it serves afterwards.
 """
 
 from __future__ import annotations
@@ -36,18 +40,23 @@ def _resident_bytes() -> int | None:
 class HeapSampler:
     """The peak growth of resident memory over a run, sampled on demand."""
 
-    __slots__ = ("_baseline", "peak_bytes")
+    __slots__ = ("_baseline", "peak_bytes", "peak_resident_bytes")
 
     def __init__(self) -> None:
         self._baseline = _resident_bytes()
         self.peak_bytes = 0
+        self.peak_resident_bytes = self._baseline
 
     def sample(self) -> None:
         if self._baseline is None:
             return
         current = _resident_bytes()
-        if current is not None and current - self._baseline > self.peak_bytes:
+        if current is None:
+            return
+        if current - self._baseline > self.peak_bytes:
             self.peak_bytes = current - self._baseline
+        if self.peak_resident_bytes is None or current > self.peak_resident_bytes:
+            self.peak_resident_bytes = current
 
 
 def cpu_time_of(run: Callable[[], T]) -> tuple[T, float]:
@@ -68,12 +77,19 @@ def _peak_rss_mib() -> float | None:
 
 
 def resources(
-    virtual_duration_ms: float, cpu_seconds: float, heap_peak_bytes: int
+    virtual_duration_ms: float,
+    cpu_seconds: float,
+    heap_peak_bytes: int,
+    resident_peak_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """The ``resources`` object of a load result record."""
+    """The ``resources`` object of a load result record.
+
+    ``resident_peak_bytes`` is the run's sampled peak; without it (no ``/proc`` on this platform)
+    the process's lifetime peak stands in.
+    """
     virtual_seconds = virtual_duration_ms / 1000.0
     cpu_percent = cpu_seconds / virtual_seconds * 100.0 if virtual_seconds > 0 else None
-    rss = _peak_rss_mib()
+    rss = resident_peak_bytes / _MIB if resident_peak_bytes is not None else _peak_rss_mib()
     return {
         "heapPeakMiB": round(heap_peak_bytes / _MIB, 3),
         "rssMiB": round(rss, 1) if rss is not None else None,

@@ -116,7 +116,12 @@ def measure(
 
     timed, run_cpu = cpu_time_of(lambda: runner.run(manifest, arrivals, tick))
     heap.sample()
-    used = resources(timed.virtual_duration_ms, timeline_cpu + run_cpu, heap.peak_bytes)
+    used = resources(
+        timed.virtual_duration_ms,
+        timeline_cpu + run_cpu,
+        heap.peak_bytes,
+        heap.peak_resident_bytes,
+    )
     if keep_timeline is not None and timed.timeline is not None:
         keep_timeline(timed.timeline)
     return timed, used

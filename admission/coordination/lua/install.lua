@@ -14,15 +14,18 @@ if current ~= nil and current == seq then
   return reply({st = 'same', ep = epoch})
 end
 redis.call('DEL', PROF)
+-- Written in slices: a profile may name many thousands of principals, and Lua's unpack has a
+-- bounded stack.
 local fields = {'rev', ARGV[9], 'pseq', ARGV[10], 'dg', ARGV[11]}
 for field, value in pairs(cjson.decode(ARGV[12])) do
   fields[#fields + 1] = field
   fields[#fields + 1] = value
+  if #fields >= 2000 then
+    redis.call('HSET', PROF, unpack(fields))
+    fields = {}
+  end
 end
--- In slices: Lua's stack takes a few thousand values at once, a profile may name more principals.
-for i = 1, #fields, 1000 do
-  redis.call('HSET', PROF, unpack(fields, i, min(i + 999, #fields)))
-end
+if #fields > 0 then redis.call('HSET', PROF, unpack(fields)) end
 -- Queued work is judged again under the new limits at once.
 pump()
 return reply({st = 'installed', ep = epoch})

@@ -367,6 +367,26 @@ def test_a_newer_process_installs_its_revision(deployment: Deployment) -> None:
     run(deployment, scenario)
 
 
+def test_a_profile_with_ten_thousand_principals_is_installed_whole(
+    deployment: Deployment,
+) -> None:
+    principals = {f"p{index}": {"concurrency": 1 + index % 3} for index in range(10_000)}
+    process = deployment.process(register=profile(principals=principals))
+
+    async def scenario() -> None:
+        # The last principal's limit is there: a third permit of p9998 (concurrency 3) is
+        # admitted, a second of p9997 (concurrency 2) is too, a third is not.
+        held = [await process.controller().acquire(request("p9998")) for _ in range(3)]
+        held += [await process.controller().acquire(request("p9997")) for _ in range(2)]
+        with pytest.raises(AdmissionRejected):
+            await process.controller().acquire(request("p9997", deadline_ms=50))
+        for lease in held:
+            lease.release(success=True)
+
+    run(deployment, scenario)
+    assert deployment.client.hlen(deployment.key("prof")) >= 10_003
+
+
 def test_permits_of_a_dead_process_come_back_after_its_lease(deployment: Deployment) -> None:
     doomed = deployment.process(register=profile(workspace={"concurrency": 1}))
     survivor = deployment.process()

@@ -211,7 +211,7 @@ def test_redis_restart_refuses_while_down_and_never_overruns(
         wait_for(
             lambda: all(
                 sum(
-                    line.get("reason") == "coordination-unavailable" and line["at"] > stopped
+                    line.get("reason") == "coordination-unavailable" and line["at"] > stopped + 0.3
                     for line in drivers.lines(i)
                 )
                 >= 3

@@ -329,3 +329,29 @@ def test_defer_decisions_name_what_the_waiter_waits_for(scenario_factory):
 
     s.run(body)
     assert defers == ["concurrency", "retry-after", "circuit-open"]
+
+
+def test_CNC_ADMIT_019_a_principal_never_served_ranks_ahead_of_one_just_served(scenario_factory):
+    # The provider admits one call at a time and is paused before anything was ever admitted,
+    # so alice's and bob's lanes start waiting together; carol arrives once alice was served.
+    one = {"concurrency": 1}
+    s = scenario_factory(
+        make_profile(
+            providers={"llm": one},
+            principals={"alice": {"concurrency": 5}, "bob": one, "carol": one},
+        )
+    )
+
+    async def body(s):
+        served: list[str] = []
+        s.controller.coordinate_retry_after("llm", 10)
+        tasks = [asyncio.ensure_future(_call(s, served, "alice", f"a{i}")) for i in range(2)]
+        tasks.append(asyncio.ensure_future(_call(s, served, "bob", "b")))
+        await asyncio.sleep(0.0105)
+        assert served == ["alice"]
+        tasks.append(asyncio.ensure_future(_call(s, served, "carol", "c")))
+        await asyncio.gather(*tasks)
+        return served
+
+    # carol has never been served: she goes before alice's second call, as bob does.
+    assert s.run(body) == ["alice", "bob", "carol", "alice"]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from rest_framework.test import APIClient
@@ -23,8 +26,15 @@ REFUSAL = "runs as the bounded-scheduler gate (CNC-SCHED-005) through the evalua
 
 
 @pytest.fixture(scope="module")
-def v1_record(manifest_v1):
-    return run_manifest(manifest_v1, "evaluator")
+def v1_record(tmp_path_factory):
+    # As an operator runs it: its own process, so the resource bounds (resident memory, CPU)
+    # measure the load run and not whatever else this test process did before.
+    output = tmp_path_factory.mktemp("v1") / "record.json"
+    command = [sys.executable, "-m", "evaluator.harness", "--target", "evaluator"]
+    command += ["--manifest", str(MANIFESTS / "load-manifest.v1.json"), "--output", str(output)]
+    env = {**os.environ, "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY", "harness-test")}
+    subprocess.run(command, cwd=PROJECT_ROOT, env=env, check=True, capture_output=True, timeout=600)
+    return json.loads(output.read_text(encoding="utf-8"))
 
 
 def test_CNC_SCHED_005_v1_load_run_is_the_gate_and_passes(v1_record, manifest_v1):

@@ -1,0 +1,56 @@
+"""Token and request buckets refill at their rate, up to their capacity, to the millisecond."""
+
+from __future__ import annotations
+
+import asyncio
+
+from .conftest import make_profile, request
+
+
+def _tokens_per_second(tps: int):
+    return make_profile(providers={"llm": {"concurrency": 10, "tokensPerSecond": tps}})
+
+
+async def _admitted_at(s, budget: str, tokens: int) -> float:
+    lease = await s.admit(request(budget=budget, tokens=tokens))
+    lease.release()
+    return s.now()
+
+
+def test_queued_requests_are_admitted_as_the_token_bucket_refills(scenario_factory):
+    # 2000 tokens a second: two tokens a millisecond, one token every half millisecond.
+    s = scenario_factory(_tokens_per_second(2000))
+
+    async def body(s):
+        await _admitted_at(s, "drain", 2000)
+        waiting = [asyncio.ensure_future(_admitted_at(s, f"w{i}", 1)) for i in range(3)]
+        return await asyncio.gather(*waiting)
+
+    assert s.run(body) == [0.5, 1.0, 1.5]
+
+
+def test_an_idle_token_bucket_fills_to_its_capacity_and_no_further(scenario_factory):
+    s = scenario_factory(_tokens_per_second(1000))
+
+    async def body(s):
+        await _admitted_at(s, "first", 0)
+        # Ten idle seconds would refill 10 000 tokens; the bucket holds 1000.
+        await asyncio.sleep(10)
+        full = await _admitted_at(s, "burst", 1000)
+        after = await _admitted_at(s, "next", 1)
+        return after - full
+
+    assert s.run(body) == 1.0
+
+
+def test_a_request_bucket_refills_one_request_per_interval(scenario_factory):
+    # Six a minute: the bucket holds six and refills one every ten seconds.
+    s = scenario_factory(
+        make_profile(providers={"llm": {"concurrency": 10, "requestsPerMinute": 6}})
+    )
+
+    async def body(s):
+        waiting = [asyncio.ensure_future(_admitted_at(s, f"r{i}", 0)) for i in range(8)]
+        return await asyncio.gather(*waiting)
+
+    assert s.run(body) == [0.0] * 6 + [10_000.0, 20_000.0]

@@ -1,0 +1,109 @@
+"""A provider's limits hold for the whole deployment: two worker instances, one set of limits.
+
+Full mode only: admission state is shared through Redis there. The provider is a real
+OpenAI-compatible loopback server that records every request and how many were in flight; the
+profile gives it `concurrency: 2` and `requestsPerMinute: 20` (a bucket of 20 that refills one
+request every 3 s), and both worker instances run several evaluations at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from evaluator.forms import example_request
+from tests.evaluator.loopback import LoopbackServer, Reply
+
+from .conftest import _reachable
+
+pytestmark = pytest.mark.celery
+
+RPM = 20
+CONCURRENCY = 2
+
+ACTIVATE_LIMITS = f"""
+from django.contrib.auth import get_user_model
+from admission import services
+from admission.models import Workspace
+from config.demo import demo_profile
+users = get_user_model().objects
+proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+document = demo_profile("demo-shared-limits")
+document["providers"]["fake"].update(
+    concurrency={CONCURRENCY}, requestsPerMinute={RPM}, maxQueueWaitMs=60000
+)
+version = services.profile_version_propose(
+    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
+)
+services.profile_version_approve(
+    version=version,
+    approver=approver,
+    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}},
+)
+print(services.profile_version_activate(version=version, actor=approver).kind)
+"""
+
+
+def _admission_redis(deployment) -> dict[str, str]:
+    """Admission shares the broker's Redis; with RabbitMQ as the broker it is named apart."""
+    if deployment.env["CELERY_BROKER_URL"].startswith("redis"):
+        return {}
+    url = os.environ.get("SLUICE_TEST_ADMISSION_REDIS_URL", "redis://127.0.0.1:6379/0")
+    if not _reachable(url, 6379):
+        pytest.skip(f"no Redis for deployment-wide admission at {url}")
+    return {"SLUICE_ADMISSION_REDIS_URL": url}
+
+
+@pytest.mark.parametrize("mode", ["full"], indirect=True)
+def test_two_worker_instances_share_one_concurrency_and_one_rate(deployment):
+    runs, decisions = 5, 5
+    with LoopbackServer() as provider:
+        provider.default = Reply(content="yes", delay=0.3)
+        # The adapter keeps the profile's provider name; its calls go to the loopback server.
+        env = {
+            "SLUICE_ADAPTERS": json.dumps(
+                {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
+            )
+        }
+        env.update(_admission_redis(deployment))
+        deployment.django(ACTIVATE_LIMITS)
+        deployment.start_web(env)
+        for _ in range(2):
+            deployment.start_worker(env, concurrency=2)
+
+        submitted = []
+        for index in range(runs):
+            document = example_request(decisions)
+            # Every decision's prompt names its run, so a repeated dispatch is visible.
+            document["input"]["text"] = f"case {index}"
+            submitted.append(deployment.submit(document)["id"])
+        finished = [deployment.wait_run(run_id, timeout=150) for run_id in submitted]
+
+    assert [run["status"] for run in finished] == ["completed"] * runs, finished
+    prompts = [request["body"]["messages"][-1]["content"] for request in provider.requests]
+    assert len(prompts) == runs * decisions
+    assert len(set(prompts)) == len(prompts), "a decision reached the provider twice"
+
+    # Never more calls at the provider than its concurrency, across both instances.
+    assert provider.max_in_flight == CONCURRENCY
+    # The bucket: at most RPM at once, then one more per 60/RPM seconds. The server sees a
+    # request a little after it was admitted (a worker's first call also opens its connection),
+    # so a window is widened by a second; without a shared bucket, four pool processes would
+    # have let four buckets' worth through.
+    arrivals = sorted(request["at"] for request in provider.requests)
+    for first, start in enumerate(arrivals):
+        for last in range(first, len(arrivals)):
+            window = arrivals[last] - start
+            allowed = RPM + (window + 1.0) * RPM / 60
+            assert last - first + 1 <= allowed, (first, last, window)
+    # More than one bucket's worth was asked for, so the refill was really waited for.
+    assert arrivals[-1] - arrivals[0] >= (runs * decisions - RPM) * 60 / RPM - 1
+
+    # Every attempt was admitted once and sent; the evidence counts the deployment's permits,
+    # which never exceed the provider's concurrency.
+    attempts = [attempt for run in finished for attempt in run["attempts"]]
+    assert len(attempts) == runs * decisions
+    assert all(a["sent"] and a["evidence"]["decision"] == "admit" for a in attempts)
+    assert 1 <= max(a["evidence"]["active"] for a in attempts) <= CONCURRENCY
