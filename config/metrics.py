@@ -252,7 +252,10 @@ def allowed(request: HttpRequest) -> bool:
     token = settings.SLUICE_METRICS_TOKEN
     if token:
         scheme, _, given = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip(), token):
+        # Bytes: a header may carry any character, and comparing such text would raise.
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode("utf-8", "surrogateescape"), token.encode("utf-8")
+        ):
             return True
     networks = settings.SLUICE_METRICS_ALLOW_FROM
     if networks:

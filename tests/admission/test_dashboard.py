@@ -5,6 +5,7 @@ their workspaces only; without coordinated admission it says what it cannot show
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import threading
 import uuid
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 import redis
 from django.test import Client
 from playwright.sync_api import expect, sync_playwright
+from prometheus_client.parser import text_string_to_metric_families
 
 from admission import runtime, services
 from admission.core import AdmissionRegistry, AdmissionRejected, AdmissionRequest, Estimate
@@ -289,3 +291,28 @@ def test_the_dashboard_is_for_signed_in_staff(workspaces, make_user):
     assert page.status_code == 200
     assert 'id="no-workspace"' in page.content.decode()
     assert "acme" not in page.content.decode().split('id="live-admission"')[1]
+
+
+@pytest.mark.django_db
+def test_with_the_admission_redis_away_metrics_and_dashboard_say_so_at_once(workspaces, settings):
+    # Nothing listens on port 1: every connection is refused.
+    settings.SLUICE_ADMISSION_REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.SLUICE_METRICS_ALLOW_FROM = (ipaddress.ip_network("127.0.0.1/32"),)
+    scraped = Client(REMOTE_ADDR="127.0.0.1").get("/metrics")
+    assert scraped.status_code == 200
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(scraped.content.decode())
+        for s in family.samples
+    }
+    assert samples[("sluice_admission_coordinated", ())] == 1
+    assert samples[("sluice_admission_workspaces", ())] == 2
+    assert samples[("sluice_admission_state_unreadable", ())] == 2
+    assert samples[("sluice_dependency_up", (("dependency", "redis"),))] == 0
+    assert not [name for name, _ in samples if name.startswith("sluice_admission_decisions")]
+
+    client = Client()
+    client.force_login(workspaces["viewer"])
+    text = client.get("/admin/admission/live/").content.decode()
+    assert "No live figures: the admission Redis did not answer (ConnectionError)" in text
+    assert 'data-provider="llm"' in text and "sluice-chart" not in text

@@ -37,6 +37,7 @@ def test_metrics_need_the_token_or_an_allowed_address(locked):
     assert client.get("/metrics", HTTP_AUTHORIZATION=f"Token {TOKEN}").status_code == 403
     assert client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}x").status_code == 403
     assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer").status_code == 403
+    assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer t\u00e9st\u2603").status_code == 403
 
     answer = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
     assert answer.status_code == 200
