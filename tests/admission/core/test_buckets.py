@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from .conftest import make_profile, request
 
 
@@ -54,3 +56,31 @@ def test_a_request_bucket_refills_one_request_per_interval(scenario_factory):
         return await asyncio.gather(*waiting)
 
     assert s.run(body) == [0.0] * 6 + [10_000.0, 20_000.0]
+
+
+def test_a_profile_change_refills_the_buckets_at_the_new_rates(scenario_factory):
+    def profile(version: str, rpm: int, tps: int):
+        providers = {
+            "paced": {"concurrency": 100, "requestsPerMinute": rpm},
+            "metered": {"concurrency": 100, "tokensPerSecond": tps},
+        }
+        return make_profile(version=version, providers=providers)
+
+    s = scenario_factory(profile("v1", 60, 1000))
+
+    async def call(budget: str, provider: str, tokens: int) -> float:
+        lease = await s.admit(request(provider=provider, budget=budget, tokens=tokens))
+        lease.release()
+        return s.now()
+
+    async def body(s):
+        # Empty both buckets under v1, then double both rates.
+        for i in range(60):
+            await call(f"r{i}", "paced", 0)
+        await call("t0", "metered", 1000)
+        s.registry.register(profile("v2", 120, 2000))
+        # Two requests a second: the next one is back after half a second; 600 tokens come
+        # back in 300 ms at two a millisecond.
+        return await asyncio.gather(call("r", "paced", 0), call("t", "metered", 600))
+
+    assert s.run(body) == [pytest.approx(500, abs=1e-6), pytest.approx(300, abs=1e-6)]
