@@ -84,3 +84,40 @@ def test_a_profile_change_refills_the_buckets_at_the_new_rates(scenario_factory)
         return await asyncio.gather(call("r", "paced", 0), call("t", "metered", 600))
 
     assert s.run(body) == [pytest.approx(500, abs=1e-6), pytest.approx(300, abs=1e-6)]
+
+
+def test_bucket_waits_are_reported_as_defers_naming_the_bucket(scenario_factory):
+    s = scenario_factory(
+        make_profile(
+            providers={
+                "paced": {"concurrency": 10, "requestsPerMinute": 1},
+                "metered": {"concurrency": 10, "tokensPerSecond": 10},
+            }
+        )
+    )
+    defers: list[str] = []
+    s.registry.on_decision(
+        lambda event: defers.append(event.reason) if event.decision == "defer" else None
+    )
+
+    async def body(s):
+        # Each second call finds its bucket empty and waits for it.
+        for budget, provider, tokens in [("t1", "metered", 10), ("t2", "metered", 10)]:
+            (await s.admit(request(provider=provider, budget=budget, tokens=tokens))).release()
+        for budget, provider in [("p1", "paced"), ("p2", "paced")]:
+            (await s.admit(request(provider=provider, budget=budget))).release()
+
+    s.run(body)
+    assert defers == ["tokens-per-second", "requests-per-minute"]
+
+
+def test_an_unknown_token_estimate_passes_an_empty_token_bucket(scenario_factory):
+    s = scenario_factory(_tokens_per_second(1000))
+
+    async def body(s):
+        await _admitted_at(s, "drain", 1000)
+        lease = await s.admit(request(budget="unknown"))
+        lease.release()
+        return s.now()
+
+    assert s.run(body) == 0.0
