@@ -355,3 +355,57 @@ def test_CNC_ADMIT_019_a_principal_never_served_ranks_ahead_of_one_just_served(s
 
     # carol has never been served: she goes before alice's second call, as bob does.
     assert s.run(body) == ["alice", "bob", "carol", "alice"]
+
+
+@pytest.mark.parametrize(
+    ("holder", "waiter", "limits"),
+    [
+        ("alice", "alice", {"principals": {"alice": {"concurrency": 1}}}),
+        ("alice", "bob", {"providers": {"llm": {"concurrency": 1}}}),
+        ("alice", "alice", {"workspace": {"concurrency": 4, "maxPrincipalShare": 0.25}}),
+        ("alice", "alice", {"providers": {"llm": {"concurrency": 4, "maxPrincipalShare": 0.25}}}),
+        (
+            "alice",
+            "alice",
+            {
+                "workspace": {"concurrency": 2},
+                "principals": {"alice": {"concurrency": 5}, "bob": {"reservedConcurrency": 1}},
+            },
+        ),
+        (
+            "alice",
+            "alice",
+            {
+                "providers": {"llm": {"concurrency": 2}},
+                "principals": {"alice": {"concurrency": 5}, "bob": {"reservedConcurrency": 1}},
+            },
+        ),
+    ],
+    ids=[
+        "principal",
+        "provider",
+        "workspace-share",
+        "provider-share",
+        "workspace-reservation",
+        "provider-reservation",
+    ],
+)
+def test_every_permit_cap_defers_with_the_reason_concurrency(
+    scenario_factory, holder, waiter, limits
+):
+    principals = limits.get("principals", {"alice": {"concurrency": 5}, "bob": {"concurrency": 5}})
+    for own in principals.values():
+        own.setdefault("concurrency", 5)
+    s = scenario_factory(make_profile(**{**limits, "principals": principals}))
+    decisions: list[tuple[str, str]] = []
+    s.registry.on_decision(lambda event: decisions.append((event.decision, event.reason)))
+
+    async def body(s: Scenario) -> None:
+        held = await s.admit(request(holder, budget="h"))
+        waiting = s.start(request(waiter, budget="w"))
+        await s.settle()
+        held.release(success=True)
+        (await waiting).release(success=True)
+
+    s.run(body)
+    assert decisions == [("admit", "admitted"), ("defer", "concurrency"), ("admit", "admitted")]
