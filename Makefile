@@ -39,6 +39,8 @@ bench: install
 	$(BIN)/python benchmarks/history_api.py
 	$(BIN)/python benchmarks/service.py
 	$(BIN)/python benchmarks/telemetry.py
+	$(BIN)/python benchmarks/shadow.py
+	$(BIN)/python benchmarks/run_progress.py
 
 evidence: install
 	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence

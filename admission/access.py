@@ -8,7 +8,9 @@ membership's role grants a fixed set of acts. Roles form a ladder, each adding t
     member    + evaluate           submit evaluations, as the admission principal
     proposer  + propose            propose profile versions
     approver  + approve            approve or reject versions and rollback requests
-    operator  + activate, run-load activate versions, request rollbacks, start load runs
+    operator  + activate, run-load activate versions, request rollbacks, start load runs,
+              + operate          turn the kill switch, start and stop shadows and canaries
+              + cancel-runs      cancel anybody's evaluation runs (members cancel their own)
 
 Nothing is global: neither staff status, Django's model permissions nor superuser status grants
 an act on a workspace. Superusers administer workspaces and memberships in the admin (recorded
@@ -31,7 +33,9 @@ __all__ = [
     "ACTIVATE",
     "ACTS",
     "APPROVE",
+    "CANCEL_RUNS",
     "EVALUATE",
+    "OPERATE",
     "PROPOSE",
     "ROLE_ACTS",
     "RUN_LOAD",
@@ -50,6 +54,8 @@ PROPOSE = "propose"
 APPROVE = "approve"
 ACTIVATE = "activate"
 RUN_LOAD = "run-load"
+OPERATE = "operate"
+CANCEL_RUNS = "cancel-runs"
 
 # What each act lets a user do, as the refusal says it.
 ACTS: dict[str, str] = {
@@ -59,6 +65,8 @@ ACTS: dict[str, str] = {
     APPROVE: "approve or reject changes in",
     ACTIVATE: "activate profile versions or request rollbacks in",
     RUN_LOAD: "start load runs in",
+    OPERATE: "turn the kill switch or start and stop shadows and canaries in",
+    CANCEL_RUNS: "cancel others' evaluation runs in",
 }
 
 _Role = WorkspaceMembership.Role
@@ -67,7 +75,9 @@ ROLE_ACTS: dict[str, frozenset[str]] = {
     _Role.MEMBER: frozenset({VIEW, EVALUATE}),
     _Role.PROPOSER: frozenset({VIEW, EVALUATE, PROPOSE}),
     _Role.APPROVER: frozenset({VIEW, EVALUATE, PROPOSE, APPROVE}),
-    _Role.OPERATOR: frozenset({VIEW, EVALUATE, PROPOSE, APPROVE, ACTIVATE, RUN_LOAD}),
+    _Role.OPERATOR: frozenset(
+        {VIEW, EVALUATE, PROPOSE, APPROVE, ACTIVATE, RUN_LOAD, OPERATE, CANCEL_RUNS}
+    ),
 }
 
 

@@ -29,7 +29,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
-from admission import access, selectors, services
+from admission import access, comparisons, rollout, selectors, services
 from admission.core import InvalidProfileError
 from admission.forms import (
     ProfileDecisionForm,
@@ -46,6 +46,7 @@ from admission.models import (
     ProfileChangeRecord,
     ProfileVersion,
     RollbackRequest,
+    RolloutEvent,
     Workspace,
     WorkspaceMembership,
 )
@@ -348,7 +349,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
         # The key is the core's workspace_id; renaming it would orphan the ledger's identity.
         if obj is None:
             return ("created_at",)
-        return ("key", "created_at", "current_profile", "current_profile_document")
+        return ("key", "created_at", "current_profile", "rollout_state", "current_profile_document")
 
     def has_module_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.is_active and request.user.is_superuser)
@@ -377,6 +378,20 @@ class WorkspaceAdmin(admin.ModelAdmin):
             version.profile_version,
             version.profile_digest,
             version.profile_digest[7:19],
+        )
+
+    @admin.display(description="rollout")
+    def rollout_state(self, obj: Workspace) -> SafeString:
+        shadow = rollout.shadow_current(workspace=obj)
+        canary = rollout.canary_current(workspace=obj)
+        allowed = rollout.parallel_scheduling_allowed(workspace=obj)
+        return format_html(
+            "Parallel scheduling: <strong>{}</strong>. Shadow: <strong>{}</strong>. "
+            'Canary: <strong>{}</strong>. <a href="{}">Rollout controls</a>',
+            "allowed" if allowed else "off (kill switch)",
+            shadow.version.profile_version if shadow and shadow.version else "none",
+            canary.version.profile_version if canary and canary.version else "none",
+            reverse("admin:admission_rolloutevent_controls", args=[obj.key]),
         )
 
     @admin.display(description="current profile document")
@@ -417,6 +432,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         "profile_digest",
         "limits_table",
         "what_if_records",
+        "rollout_evidence",
         "diff_to_current",
         "document_pretty",
     )
@@ -462,6 +478,43 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
             return "This is the current version."
         review = version_review(obj)
         return limits_table_html(review.base, review.limits)
+
+    @admin.display(description="shadow and canary evidence")
+    def rollout_evidence(self, obj: ProfileVersion) -> SafeString | str:
+        sessions = list(
+            RolloutEvent.objects.filter(version=obj, kind__in=RolloutEvent.STARTS)
+            .select_related("workspace", "actor")
+            .order_by("-id")[:5]
+        )
+        if not sessions:
+            return "Never run as a shadow or a canary."
+        rows = []
+        for session in sessions:
+            comparison = comparisons.session_comparison(session)
+            if not comparison.observations:
+                verdict = "nothing observed yet"
+            elif comparison.passed:
+                verdict = "no worse than active on every bound"
+            else:
+                failed = ", ".join(b.title.lower() for b in comparison.bounds if not b.passed)
+                verdict = f"worse on: {failed}"
+            rows.append(
+                (
+                    reverse("admin:admission_rolloutevent_comparison", args=[session.pk]),
+                    "shadow" if session.kind == RolloutEvent.Kind.SHADOW_START else "canary",
+                    session.at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M"),
+                    comparison.observations,
+                    verdict,
+                )
+            )
+        return format_html(
+            '<ul class="rollout-evidence">{}</ul>',
+            format_html_join(
+                "",
+                '<li><a href="{}">{} since {} UTC</a>: {} run(s), {}</li>',
+                rows,
+            ),
+        )
 
     @admin.display(description="what-if qualification")
     def what_if_records(self, obj: ProfileVersion) -> SafeString:
@@ -822,3 +875,9 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
     @admin.display(description="decision-admission-profile-change/v1")
     def record_json(self, obj: ProfileChangeRecord) -> SafeString:
         return format_html("<pre>{}</pre>", json.dumps(obj.to_dict(), indent=2))
+
+
+from admission import rollout_admin  # noqa: E402,F401  (registers the rollout pages)
+
+# The index links the live admission dashboard (admission/dashboard.py, config/urls.py).
+admin.site.index_template = "admin/admission/index.html"

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from admission import access, selectors, services
 from admission.core import InvalidProfileError, Profile
-from admission.models import RUNBOOK_ID, Workspace
+from admission.models import RUNBOOK_ID, ProfileVersion, Workspace
 from config.untrusted_json import UntrustedJSONError, load_untrusted_json
 from evaluator import qualification
 
@@ -210,3 +210,72 @@ class WhatIfForm(forms.Form):
     def clean_mapping(self) -> dict[str, Any] | None:
         text = self.cleaned_data["mapping"].strip()
         return parse_json_object(text, "mapping") if text else None
+
+
+# ------------------------------------------------------------------ rollout controls
+
+
+class KillSwitchForm(forms.Form):
+    """Turn bounded parallel scheduling off (a reason is required) or allow it again."""
+
+    enabled = forms.TypedChoiceField(
+        choices=[("false", "Off: serial, one permit"), ("true", "Allowed")],
+        coerce=lambda value: value == "true",
+        widget=forms.HiddenInput,
+    )
+    reason = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2}),
+        help_text="Why; required to turn it off. Runs in flight keep their setting.",
+    )
+
+
+def _candidates(workspace: Workspace) -> Any:
+    """Approved versions of the workspace that are not current: what may shadow or canary."""
+    current = selectors.workspace_current_version(workspace=workspace)
+    versions = selectors.profile_version_list(workspace=workspace).filter(
+        approvals__decision="approve"
+    )
+    if current is not None:
+        versions = versions.exclude(pk=current.pk)
+    return versions
+
+
+class _VersionChoiceForm(forms.Form):
+    version = forms.ModelChoiceField(queryset=ProfileVersion.objects.none(), empty_label=None)
+    reason = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))
+
+    def __init__(self, *args: Any, workspace: Workspace, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["version"].queryset = _candidates(workspace)  # type: ignore[attr-defined]
+        self.fields["version"].label_from_instance = lambda v: v.profile_version  # type: ignore[attr-defined]
+
+
+class ShadowStartForm(_VersionChoiceForm):
+    """An approved version to decide every request again in dry run."""
+
+
+class CanaryStartForm(_VersionChoiceForm):
+    """An approved, never-active version for named principals and/or a fraction of runs."""
+
+    principals = forms.CharField(
+        required=False,
+        help_text="Principal ids whose runs all use the canary, separated by commas or spaces.",
+    )
+    fraction = forms.FloatField(
+        required=False,
+        min_value=0.0,
+        max_value=1.0,
+        help_text="A share of the other runs, above 0 and below 1 (say 0.1), chosen by "
+        "invocation id so a run always lands on the same side.",
+    )
+
+    def clean_principals(self) -> list[str]:
+        text = self.cleaned_data.get("principals") or ""
+        return [part for part in re.split(r"[,\s]+", text) if part]
+
+
+class RolloutCloseForm(forms.Form):
+    """Stop a shadow, promote or abandon a canary: the reason goes on the audit."""
+
+    reason = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 2}))

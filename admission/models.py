@@ -288,3 +288,116 @@ class ProfileChangeRecord(AppendOnlyModel):
             "profileDigest": self.profile_digest,
             "atEpochMs": self.at_epoch_ms,
         }
+
+
+class RolloutEvent(AppendOnlyModel):
+    """One audited rollout operation in a workspace: the kill switch, a shadow, a canary.
+
+    The rows are the state as well as the audit: the workspace's latest `parallel-*` row says
+    whether bounded parallel scheduling is allowed; a `shadow-start` or `canary-start` row with no
+    closing row (`session` pointing back at it) is the running shadow or canary.
+    """
+
+    class Kind(models.TextChoices):
+        PARALLEL_OFF = "parallel-off", "Kill switch: bounded parallel scheduling off"
+        PARALLEL_ON = "parallel-on", "Bounded parallel scheduling allowed again"
+        SHADOW_START = "shadow-start", "Shadow started"
+        SHADOW_STOP = "shadow-stop", "Shadow stopped"
+        CANARY_START = "canary-start", "Canary started"
+        CANARY_PROMOTE = "canary-promote", "Canary promoted"
+        CANARY_ABANDON = "canary-abandon", "Canary abandoned"
+
+    STARTS: ClassVar[frozenset[str]] = frozenset({"shadow-start", "canary-start"})
+    CLOSES: ClassVar[frozenset[str]] = frozenset(
+        {"shadow-stop", "canary-promote", "canary-abandon"}
+    )
+
+    workspace = models.ForeignKey(
+        Workspace, on_delete=models.PROTECT, related_name="rollout_events"
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    version = models.ForeignKey(
+        ProfileVersion, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    # The start row a stop, promote or abandon closes.
+    session = models.ForeignKey(
+        "self", on_delete=models.PROTECT, related_name="closings", null=True, blank=True
+    )
+    principals = models.JSONField(default=list, blank=True)
+    fraction = models.FloatField(null=True, blank=True)
+    reason = models.TextField(blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("-at", "-id")
+        default_permissions = ("view",)
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["workspace", "kind", "-id"], name="admission_rollout_ws_kind"),
+        ]
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.CheckConstraint(
+                condition=~Q(kind__in=["shadow-start", "canary-start"])
+                | Q(version__isnull=False, session__isnull=True),
+                name="admission_rollout_start_has_version",
+            ),
+            models.CheckConstraint(
+                condition=~Q(kind__in=["shadow-stop", "canary-promote", "canary-abandon"])
+                | Q(session__isnull=False),
+                name="admission_rollout_close_has_session",
+            ),
+            models.CheckConstraint(
+                condition=Q(fraction__isnull=True) | Q(fraction__gt=0, fraction__lte=1),
+                name="admission_rollout_fraction_range",
+            ),
+            # A shadow or canary is closed once.
+            models.UniqueConstraint(
+                fields=["session"],
+                condition=Q(session__isnull=False),
+                name="admission_rollout_closed_once",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        label = f" {self.version.profile_version}" if self.version is not None else ""
+        return f"{self.kind}{label} in {self.workspace.key}"
+
+
+class ShadowObservation(AppendOnlyModel):
+    """What one evaluation run's admission decisions were, and would have been under the shadow.
+
+    `active` and `shadow` are tallies (`admission.core.shadow.Tally.to_dict`) of the same
+    requests; `run_id` names the evaluation run that produced them.
+    """
+
+    session = models.ForeignKey(RolloutEvent, on_delete=models.PROTECT, related_name="observations")
+    run_id = models.CharField(max_length=64, blank=True)
+    active = models.JSONField()
+    shadow = models.JSONField()
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ("at", "id")
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"shadow observation {self.pk} of session {self.session_id}"
+
+
+class RunBoundary(AppendOnlyModel):
+    """What an evaluation run started under, kept at its first start so that a redelivered run
+    (a worker died) finishes under the same kill-switch setting and canary arm."""
+
+    workspace = models.ForeignKey(Workspace, on_delete=models.PROTECT, related_name="+")
+    run_id = models.CharField(max_length=64, unique=True)
+    parallel_allowed = models.BooleanField()
+    canary = models.ForeignKey(
+        RolloutEvent, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        default_permissions = ("view",)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} started in {self.workspace_id}"

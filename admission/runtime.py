@@ -24,11 +24,14 @@ from admission.models import ProfileChangeRecord, ProfileVersion
 
 if TYPE_CHECKING:
     from admission.core import ProfileChangeRecord as CoreChangeRecord
+    from admission.rollout import RunPlan
 
 _lock = threading.RLock()
 _registry: AdmissionRegistry | None = None
 # workspace key -> id of the last ledger row this process's registry has replayed
 _applied: dict[str, int] = {}
+# workspace key -> (canary start row id, the canary version's own registry)
+_canaries: dict[str, tuple[int, AdmissionRegistry]] = {}
 
 
 def coordination_settings() -> CoordinationSettings | None:
@@ -108,6 +111,7 @@ def reset_registry(factory: Callable[[], AdmissionRegistry] | None = None) -> No
     with _lock:
         _registry = None
         _applied.clear()
+        _canaries.clear()
         if factory is not None:
             _registry_factory = factory
 
@@ -170,6 +174,35 @@ def register_activation(version: ProfileVersion) -> CoreChangeRecord | None:
         finally:
             unsubscribe()
         return captured[-1] if captured else None
+
+
+def registry_for_run(plan: RunPlan) -> AdmissionRegistry:
+    """Bring this process's shadow of the plan's workspace in line with `plan` and return the
+    registry the run admits through: a canary run's own registry (the canary version's limits,
+    counted in this process), else the process registry.
+
+    Call with the evaluation loop frozen: shadows and registries belong to that loop.
+    """
+    with _lock:
+        registry = get_registry()
+        key = plan.workspace_key
+        running = registry.shadow(key)
+        wanted = plan.shadow
+        if wanted is None or wanted.version is None:
+            if running is not None:
+                registry.stop_shadow(key)
+        elif running is None or running.session != wanted.pk:
+            registry.start_shadow(profile_from_version(wanted.version), session=wanted.pk)
+        canary = plan.canary
+        if canary is None or canary.version is None:
+            _canaries.pop(key, None)
+            return registry
+        cached = _canaries.get(key)
+        if cached is None or cached[0] != canary.pk:
+            own = AdmissionRegistry(clock=registry.clock)
+            own.register(profile_from_version(canary.version))
+            cached = _canaries[key] = (canary.pk, own)
+        return cached[1] if plan.on_canary else registry
 
 
 def mark_applied(workspace_key: str, change_record_id: int) -> None:

@@ -80,14 +80,22 @@ __all__ = [
 
 
 class ProfileServiceError(Exception):
-    """A profile operation was refused; `field` names the input at fault when there is one."""
+    """A profile operation was refused; `field` names the input at fault when there is one.
+
+    `code` says what kind of refusal it is: `invalid` (the input), `conflict` (the state of the
+    workspace or version does not allow it now) or `four_eyes` (the same person may not do both
+    halves); the API answers 400, 409 and 403 for them.
+    """
 
     field: str | None = None
+    code = "invalid"
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         if field is not None:
             self.field = field
+        if code is not None:
+            self.code = code
 
 
 class ProfileVersionConflict(ProfileServiceError):
@@ -113,9 +121,13 @@ class ProfileApprovalError(ProfileServiceError):
 class ProfileNotApproved(ProfileServiceError):
     """Activation needs an approving decision first."""
 
+    code = "conflict"
+
 
 class ProfileActivationConflict(ProfileServiceError):
     """Another activation won, or the version's state does not allow this activation."""
+
+    code = "conflict"
 
 
 class RollbackRequestError(ProfileServiceError):
@@ -249,7 +261,8 @@ def _decide(
 ) -> ProfileApproval:
     if approver.pk == version.proposed_by_id:
         raise ProfileApprovalError(
-            f"{version} was proposed by {approver}; a second person must decide it"
+            f"{version} was proposed by {approver}; a second person must decide it",
+            code="four_eyes",
         )
     known = {key for key, _ in RUNBOOK_CHECKLIST}
     answers = {key: bool(value) for key, value in checklist.items() if key in known}
@@ -266,7 +279,9 @@ def _decide(
             )
     except IntegrityError as error:
         if ProfileApproval.objects.filter(version=version).exists():
-            raise ProfileApprovalError(f"{version} has already been decided") from error
+            raise ProfileApprovalError(
+                f"{version} has already been decided", code="conflict"
+            ) from error
         raise
 
 
@@ -308,7 +323,8 @@ def rollback_request_create(
     except IntegrityError as error:
         if selectors.rollback_request_pending(workspace=workspace) is not None:
             raise RollbackRequestError(
-                f"workspace {workspace.key} already has a pending rollback request"
+                f"workspace {workspace.key} already has a pending rollback request",
+                code="conflict",
             ) from error
         raise
 
@@ -320,7 +336,7 @@ def rollback_request_approve(
     access.require(approver, access.APPROVE, request.workspace)
     if approver.pk == request.requested_by_id:
         raise RollbackRequestError(
-            "a rollback must be approved by someone other than its requester"
+            "a rollback must be approved by someone other than its requester", code="four_eyes"
         )
     return _activate(
         version=request.target, actor=approver, rollback_request=request, comment=comment
@@ -333,7 +349,9 @@ def rollback_request_reject(
     """Close a pending rollback request without activating anything."""
     access.require(approver, access.APPROVE, request.workspace)
     if approver.pk == request.requested_by_id:
-        raise RollbackRequestError("a rollback must be decided by someone other than its requester")
+        raise RollbackRequestError(
+            "a rollback must be decided by someone other than its requester", code="four_eyes"
+        )
     if not comment.strip():
         raise RollbackRequestError("a rejection needs a comment saying why", field="comment")
     with transaction.atomic():
@@ -349,7 +367,9 @@ def rollback_request_reject(
 def _lock_pending_request(request: RollbackRequest) -> RollbackRequest:
     locked = RollbackRequest.objects.select_for_update().get(pk=request.pk)
     if locked.status != RollbackRequest.Status.PENDING:
-        raise RollbackRequestError(f"the rollback request is already {locked.status}")
+        raise RollbackRequestError(
+            f"the rollback request is already {locked.status}", code="conflict"
+        )
     return locked
 
 

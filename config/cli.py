@@ -1,5 +1,5 @@
-"""`python -m config.cli run | demo-setup | web`: the newcomer's path to a running Sluice, and the
-production web server.
+"""`python -m config.cli run | demo-setup | web | worker | beat`: the newcomer's path to a running
+Sluice, and the production processes (web server, Celery worker, Celery beat).
 
 `run` migrates, sets up the demo (idempotent), starts the web server and one Celery worker
 process (which runs many evaluations at once on its event loop, evaluator/runner.py),
@@ -205,26 +205,10 @@ def run_command(args: argparse.Namespace) -> int:
     python = sys.executable
     # The demo's web server is the production one (`web`), bound to the demo address.
     supervisor.start("web", [python, "-m", "config.cli", "web", "--bind", args.addr])
+    # And its worker is the production one (`worker`).
+    worker = ["worker", "--concurrency", str(args.concurrency)]
     supervisor.start(
-        "worker",
-        [
-            python,
-            "-m",
-            "celery",
-            "-A",
-            "config",
-            "worker",
-            "--loglevel",
-            "INFO",
-            "--pool",
-            "threads",
-            "--concurrency",
-            str(args.concurrency),
-            "--without-gossip",
-            "--without-mingle",
-            "--hostname",
-            f"sluice-{os.getpid()}@%h",
-        ],
+        "worker", [python, "-m", "config.cli", *worker, "--hostname", f"sluice-{os.getpid()}@%h"]
     )
     status = 0
     try:
@@ -275,6 +259,70 @@ def _add_web_command(commands: Any) -> None:
     web.set_defaults(handler=web_command)
 
 
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The Celery worker's command line that `worker` runs (and `run` starts for the demo)."""
+    # One process: Celery's threads carry doorbells and load runs; its runner runs evaluations
+    # (SLUICE_WORKER_SLOTS at once) on one event loop (evaluator/runner.py).
+    argv = ["worker", "--loglevel", args.loglevel, "--pool", "threads"]
+    argv += ["--concurrency", str(args.concurrency)]
+    argv += ["--without-gossip", "--without-mingle", "--hostname", args.hostname]
+    return argv
+
+
+def worker_command(args: argparse.Namespace) -> int:
+    """Run a Celery worker in the foreground; SIGTERM stops it after its tasks (warm shutdown)."""
+    _setup_django()
+    from config.celery import app
+
+    app.worker_main(worker_argv(args))
+    return 0
+
+
+def beat_command(args: argparse.Namespace) -> int:
+    """Run Celery beat in the foreground: the deployment's periodic tasks, once per deployment."""
+    _setup_django()
+    from django.conf import settings
+
+    from config.celery import app
+
+    schedule = args.schedule or str(Path(settings.VAR_DIR) / "celerybeat-schedule")
+    app.start(["beat", "--loglevel", args.loglevel, "--schedule", schedule])
+    return 0
+
+
+def _add_worker_commands(commands: Any) -> None:
+    try:
+        concurrency = env_int("SLUICE_WORKER_CONCURRENCY", 4, minimum=1)
+        loglevel = env_str("SLUICE_LOG_LEVEL", "") or "INFO"
+    except SettingsError as error:
+        raise SystemExit(f"error: {error}") from None
+    worker = commands.add_parser(
+        "worker", help="run a Celery worker (evaluations, load runs); see docs/deploying.md"
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=concurrency,
+        help="Celery threads for doorbells and load runs (default SLUICE_WORKER_CONCURRENCY, "
+        "4); evaluations run on the process's event loop, SLUICE_WORKER_SLOTS at once",
+    )
+    worker.add_argument(
+        "--hostname",
+        default="sluice@%h",
+        help="node name, unique per worker on a host (default sluice@%%h)",
+    )
+    worker.add_argument("--loglevel", default=loglevel, help="default SLUICE_LOG_LEVEL, INFO")
+    worker.set_defaults(handler=worker_command)
+    beat = commands.add_parser(
+        "beat", help="run Celery beat, the periodic tasks (one per deployment)"
+    )
+    beat.add_argument(
+        "--schedule", help="beat's state file (default $SLUICE_VAR_DIR/celerybeat-schedule)"
+    )
+    beat.add_argument("--loglevel", default=loglevel, help="default SLUICE_LOG_LEVEL, INFO")
+    beat.set_defaults(handler=beat_command)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m config.cli", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -291,8 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         "--concurrency",
         type=int,
         default=concurrency,
-        help="Celery threads of the one worker process, for doorbells and load runs (default 4); "
-        "evaluations run on its event loop, SLUICE_WORKER_SLOTS at once",
+        help="the worker's Celery threads (default 4); evaluations run SLUICE_WORKER_SLOTS at once",
     )
     run.add_argument(
         "--show-credentials",
@@ -307,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     setup.add_argument("--addr", default=addr)
     setup.set_defaults(handler=demo_setup_command)
     _add_web_command(commands)
+    _add_worker_commands(commands)
     args = parser.parse_args(argv)
     if args.command in ("run", "demo-setup"):
         # Only the demo makes its own key and plain-HTTP allowance; `web` is production's.

@@ -9,6 +9,7 @@ on a guess.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import os
@@ -85,6 +86,19 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if not raw:
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Comma-separated IP networks (`10.0.0.0/8`, `::1`; a bare address is one host)."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise SettingsError(
+                f"{name} must list IP networks such as 10.0.0.0/8, got {item!r}"
+            ) from None
+    return tuple(networks)
 
 
 def env_json(name: str, default: Any) -> Any:

@@ -20,7 +20,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-__all__ = ["Check", "HealthCheckMiddleware", "liveness", "readiness"]
+__all__ = ["FAILING", "OK", "SKIPPED", "Check", "HealthCheckMiddleware", "liveness", "readiness"]
 
 OK, FAILING, SKIPPED = "ok", "failing", "skipped"
 
@@ -132,15 +132,14 @@ def _migrations_after(database: Check) -> Callable[[], str | None]:
     return probe
 
 
-def readiness() -> tuple[bool, list[Check]]:
-    """Run every readiness check; returns (all passed or skipped, the checks in order)."""
+def readiness(*, migrations: bool = True) -> tuple[bool, list[Check]]:
+    """Run every readiness check (the migrations one unless told not to: `/metrics` leaves it
+    out); returns (all passed or skipped, the checks in order)."""
     database = _timed("database", lambda: _database())
-    checks = [
-        database,
-        _timed("migrations", _migrations_after(database)),
-        _timed("broker", lambda: _broker()),
-        _timed("redis", _admission_redis),
-    ]
+    checks = [database]
+    if migrations:
+        checks.append(_timed("migrations", _migrations_after(database)))
+    checks += [_timed("broker", lambda: _broker()), _timed("redis", _admission_redis)]
     return all(check.status != FAILING for check in checks), checks
 
 

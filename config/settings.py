@@ -16,6 +16,7 @@ from config.env import (
     env_int,
     env_json,
     env_list,
+    env_networks,
     env_rate,
     env_str,
     otlp_protocol,
@@ -319,6 +320,7 @@ SLUICE_STAGED_PROVIDER = env_json("SLUICE_STAGED_PROVIDER", None)
 # Probes answer before host validation (orchestrators call the pod's address); WhiteNoise serves
 # the collected static files right after SecurityMiddleware, as its documentation asks.
 MIDDLEWARE.insert(0, "config.health.HealthCheckMiddleware")
+MIDDLEWARE.insert(1, "config.metrics.MetricsMiddleware")
 _security = MIDDLEWARE.index("django.middleware.security.SecurityMiddleware")
 MIDDLEWARE.insert(_security + 1, "whitenoise.middleware.WhiteNoiseMiddleware")
 STORAGES = {
@@ -337,6 +339,14 @@ SLUICE_WEB_KEEPALIVE = env_int("SLUICE_WEB_KEEPALIVE", 5, minimum=0)
 
 # /readyz: how long one dependency (broker, Redis) may take to answer before it counts as down.
 SLUICE_HEALTH_TIMEOUT_SECONDS = env_int("SLUICE_HEALTH_TIMEOUT_SECONDS", 2, minimum=1)
+
+# /metrics (config/metrics.py): answered to a request that carries `Authorization: Bearer
+# <SLUICE_METRICS_TOKEN>` or comes from an address in SLUICE_METRICS_ALLOW_FROM; with neither set
+# it answers nobody. Behind a proxy every request comes from the proxy's address: use the token.
+SLUICE_METRICS_TOKEN = env_str("SLUICE_METRICS_TOKEN", "")
+if SLUICE_METRICS_TOKEN and len(SLUICE_METRICS_TOKEN) < 16:
+    raise SettingsError("SLUICE_METRICS_TOKEN must be at least 16 characters long")
+SLUICE_METRICS_ALLOW_FROM = env_networks("SLUICE_METRICS_ALLOW_FROM")
 
 # Logs: "text" for people, "json" (one object per line) for collectors.
 SLUICE_LOG_FORMAT = env_choice("SLUICE_LOG_FORMAT", "text", ("text", "json"))
@@ -377,3 +387,11 @@ SLUICE_PROFILE_LISTEN = env_bool("SLUICE_PROFILE_LISTEN", True)
 SLUICE_PROFILE_POLL_SECONDS = env_float(
     "SLUICE_PROFILE_POLL_SECONDS", None, minimum=0.0, exclusive=True
 )
+
+# Evaluation runs: how often a process running evaluations checks the database for cancel
+# requests of its runs (evaluator/cancel_watch.py), and the most decisions one submitted
+# ruleset may hold (at most the engine's own ceiling of 10 000).
+SLUICE_CANCEL_CHECK_SECONDS = env_float(
+    "SLUICE_CANCEL_CHECK_SECONDS", 1.0, minimum=0.0, exclusive=True
+)
+SLUICE_MAX_DECISIONS = env_int("SLUICE_MAX_DECISIONS", 1000, minimum=1)

@@ -2,10 +2,15 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from admission.dashboard import dashboard_view
 from config.api_tokens import TokenIssueView
 from config.document_schemas import EvaluationSchemaView, ProfileSchemaView
 
 urlpatterns = [
+    # The operator's dashboard, inside the admin (its login and staff check).
+    path(
+        "admin/admission/live/", admin.site.admin_view(dashboard_view), name="admission-dashboard"
+    ),
     path("admin/", admin.site.urls),
     path("runbooks/", include("admission.urls")),
     path("api/", include("admission.api.urls")),

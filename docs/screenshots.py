@@ -3,14 +3,19 @@
 Sets up a throwaway embedded deployment (SQLite and the filesystem broker in a temporary
 directory), starts its web server and worker, and drives the admin with a headless Chromium
 (`SLUICE_CHROMIUM`, default /usr/bin/chromium) at 1280 x 860: propose, run a what-if, approve,
-activate, roll back, run an evaluation and a load run. PNGs go to docs/img/; `--only 19,23`
+activate, roll back, run an evaluation and a load run, then shadow a stricter version, turn
+the kill switch, start a canary and watch admission live. PNGs go to docs/img/; `--only 19,23`
 writes only those shots (the tour still runs every step, since later steps need earlier ones).
+`--admission-redis redis://HOST:PORT/N` coordinates admission in that Redis (under a key
+prefix of the tour's own, removed afterwards), so the live admission dashboard has
+deployment-wide figures to show; without it the dashboard says it has none.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -28,6 +33,8 @@ from playwright.sync_api import Page, expect, sync_playwright
 # Run as a script from anywhere: the project root is where config/ and manage.py live.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# The tour's deployment is thrown away with its temporary directory: a key of its own signs it.
+os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(50))
 
 ROOT = Path(__file__).resolve().parent.parent
 IMG = ROOT / "docs" / "img"
@@ -55,7 +62,7 @@ def _wait_ready(url: str, timeout: float = 120.0) -> None:
 
 
 @contextmanager
-def deployment() -> Iterator[tuple[str, dict[str, str]]]:
+def deployment(admission_redis: str = "") -> Iterator[tuple[str, dict[str, str]]]:
     """A demo deployment of its own; yields the base URL and the demo passwords."""
     with tempfile.TemporaryDirectory(prefix="sluice-tour-") as tmp:
         env = {
@@ -69,6 +76,8 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
             DJANGO_SETTINGS_MODULE="config.settings",
             # Plain HTTP on loopback, as `make run` allows itself.
             DJANGO_HTTPS="0",
+            SLUICE_ADMISSION_REDIS_URL=admission_redis,
+            SLUICE_ADMISSION_KEY_PREFIX=f"sluice-tour-{os.getpid()}",
         )
         python = sys.executable
         setup = subprocess.run(
@@ -80,6 +89,25 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
             text=True,
         )
         demo = json.loads(setup.stdout.splitlines()[-1])
+        # Workspaces and memberships are a superuser's pages: the tour has one of its own.
+        admin_password = secrets.token_urlsafe(16)
+        subprocess.run(
+            [
+                python,
+                "manage.py",
+                "createsuperuser",
+                "--noinput",
+                "--username",
+                "tour-admin",
+                "--email",
+                "tour-admin@example.invalid",
+            ],
+            cwd=ROOT,
+            env={**env, "DJANGO_SUPERUSER_PASSWORD": admin_password},
+            check=True,
+            capture_output=True,
+        )
+        demo["users"].append({"username": "tour-admin", "password": admin_password})
         port = _free_port()
         log = (Path(tmp) / "processes.log").open("wb")
         children = [
@@ -91,7 +119,16 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
                 stderr=subprocess.STDOUT,
             ),
             subprocess.Popen(
-                [python, "-m", "celery", "-A", "config", "worker", "-c", "1", "-l", "WARNING"],
+                [
+                    python,
+                    "-m",
+                    "config.cli",
+                    "worker",
+                    "--concurrency",
+                    "1",
+                    "--loglevel",
+                    "WARNING",
+                ],
                 cwd=ROOT,
                 env=env,
                 stdout=log,
@@ -107,6 +144,18 @@ def deployment() -> Iterator[tuple[str, dict[str, str]]]:
             for child in children:
                 child.wait(timeout=30)
             log.close()
+            if admission_redis:
+                _forget_admission_state(admission_redis, env["SLUICE_ADMISSION_KEY_PREFIX"])
+
+
+def _forget_admission_state(url: str, prefix: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = list(client.scan_iter(f"{prefix}:*"))
+    if keys:
+        client.delete(*keys)
+    client.close()
 
 
 class Tour:
@@ -169,6 +218,15 @@ def tightened(label: str, **principal_limits: object) -> dict[str, Any]:
     return document
 
 
+def strict(label: str) -> dict[str, Any]:
+    """The demo profile with the fake provider at two requests a minute and no queue."""
+    from config.demo import demo_profile as make
+
+    document = make(label)
+    document["providers"]["fake"].update(requestsPerMinute=2, maxQueueLength=0)
+    return document
+
+
 def wait_for_status(page: Page, seconds: float) -> None:
     """A run's page reloads itself while the run is queued or running; wait for the last one."""
     page.wait_for_url("**/change/")
@@ -226,9 +284,11 @@ def tour(page: Page, base: str, passwords: dict[str, str], only: set[str] | None
     t.shot("15-rolled-back")
     t.go("/admin/admission/profilechangerecord/")
     t.shot("16-change-history")
+    t.login("tour-admin")
     t.go("/admin/admission/workspace/")
     page.click("#result_list a:text-is('demo')")
     t.shot("17-workspace", full_page=True)
+    t.login("demo-proposer")
 
     t.go("/admin/evaluator/evaluationrun/add/")
     page.select_option("#id_workspace", label="demo")
@@ -247,6 +307,57 @@ def tour(page: Page, base: str, passwords: dict[str, str], only: set[str] | None
     t.shot("22-load-run-record", full_page=True)
     t.shot("23-load-run-charts", selector="#run-glance")
 
+    # Rollout: a stricter demo-v3 as the shadow, then the kill switch and a canary.
+    t.go(versions + "add/")
+    page.fill("#id_document", json.dumps(strict("demo-v3"), indent=2))
+    page.click("input[name=_propose]")
+    t.login("demo-approver")
+    t.action(versions, "demo-v3", "approve_selected")
+    t.decide("24-approve-demo-v3", "A stricter request rate; shadow it before anything else.")
+    rollout = "/admin/admission/rolloutevent/controls/"
+    t.go(rollout)
+    t.shot("25-rollout-index")
+    page.click("#rollout-workspaces a:text-is('demo')")
+    page.select_option("#id_shadow-version", label="demo-v3")
+    page.fill("#id_shadow-reason", "What would demo-v3's request rate do to today's runs?")
+    page.click("#submit-shadow_start")
+    t.go("/admin/evaluator/evaluationrun/add/")
+    page.select_option("#id_workspace", label="demo")
+    page.click("input[name=_start]")
+    wait_for_status(page, 30)
+    t.go(rollout + "demo/")
+    t.shot("26-shadow-running", full_page=True)
+    page.click("#shadow a:text-is('Comparison with plots')")
+    t.shot("27-shadow-comparison", full_page=True)
+    t.go(rollout + "demo/")
+    page.fill(
+        "#form-switch textarea",
+        "The provider's latency doubled at 14:05; serial until it recovers.",
+    )
+    page.click("#submit-switch")
+    t.shot("28-kill-switch-off")
+    page.fill("#id_shadow_stop-reason", "Seen enough: demo-v3 refuses most requests.")
+    page.click("#submit-shadow_stop")
+    page.select_option("#id_canary-version", label="demo-v3")
+    page.fill("#id_canary-principals", "demo-proposer")
+    page.fill("#id_canary-fraction", "0.1")
+    page.click("#submit-canary_start")
+    t.shot("29-canary-running", full_page=True)
+    t.go("/admin/admission/rolloutevent/")
+    t.shot("30-rollout-events")
+
+    # Live admission: a few more evaluations first, so the hour has something to show.
+    for _ in range(3):
+        t.go("/admin/evaluator/evaluationrun/add/")
+        page.select_option("#id_workspace", label="demo")
+        page.click("input[name=_start]")
+        wait_for_status(page, 60)
+    t.go("/admin/")
+    t.shot("31-admin-index-live-link")
+    page.click("#live-admission-link a:text-is('Live admission')")
+    page.wait_for_url("**/admin/admission/live/")
+    t.shot("32-live-admission", full_page=True)
+
 
 def main() -> int:
     import argparse
@@ -255,10 +366,13 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated shot numbers to write, e.g. 19,22,23")
+    parser.add_argument(
+        "--admission-redis", default="", help="coordinate admission in this Redis (redis://...)"
+    )
     args = parser.parse_args()
     only = {part.strip() for part in args.only.split(",")} if args.only else None
     django.setup()
-    with deployment() as (base, passwords), sync_playwright() as playwright:
+    with deployment(args.admission_redis) as (base, passwords), sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
         page = browser.new_page(viewport=VIEWPORT)
         try:

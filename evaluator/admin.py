@@ -26,7 +26,7 @@ from admission.admin import (
     WorkspaceScopedAdminMixin,
     json_block,
 )
-from evaluator import services
+from evaluator import cancellation, selectors, services
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
 from evaluator.load_charts import load_run_glance
 from evaluator.models import EvaluationRun, LoadRun, Receipt
@@ -135,6 +135,9 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
         "finished_at",
         "updated_at",
         "duration",
+        "cancel_requested_at",
+        "cancel_requested_by",
+        "progress",
         "error_pretty",
         "outcomes",
         "attempts_table",
@@ -143,10 +146,73 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
     )
     fields = readonly_fields
     add_act = access.EVALUATE
+    actions = ("cancel_runs",)
 
     @admin.display(description="run")
     def short_id(self, obj: EvaluationRun) -> str:
         return str(obj.pk)[:8]
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """An unfinished run's page offers a button that runs the cancel action on it."""
+        context = dict(extra_context or {})
+        run = self.get_object(request, unquote(object_id))
+        if run is not None and not run.finished and cancellation.may_cancel(request.user, run):
+            context["cancel_action"] = "cancel_runs"
+        return super().change_view(request, object_id, form_url, context)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        # Members cancel their own runs; the service decides per run.
+        return access.workspaces_for(request.user, access.EVALUATE).exists()
+
+    @admin.action(description="Cancel the selected evaluation runs", permissions=["cancel"])
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[EvaluationRun]) -> None:
+        for run in queryset.select_related("workspace"):
+            try:
+                done = cancellation.evaluation_run_cancel(run, request.user)
+            except services.RunServiceError as error:
+                self.message_user(request, f"{run}: {error}", messages.ERROR)
+                continue
+            # Kept in the admin's change log too, beside the request on the row itself.
+            self.log_change(request, done, "Cancel requested.")
+            if done.finished:
+                self.message_user(request, f"Cancelled {done}.", messages.SUCCESS)
+            else:
+                self.message_user(
+                    request,
+                    f"Cancel requested for {done}; its worker stops it within seconds.",
+                    messages.SUCCESS,
+                )
+
+    def _progress(self, obj: EvaluationRun) -> selectors.RunProgress:
+        # The page shows several fields of one progress read.
+        cached = getattr(obj, "_sluice_progress", None)
+        if cached is None:
+            cached = selectors.evaluation_run_progress(obj)
+            obj._sluice_progress = cached  # type: ignore[attr-defined]
+        return cached
+
+    @admin.display(description="progress")
+    def progress(self, obj: EvaluationRun) -> str:
+        progress = self._progress(obj)
+        parts = [f"{progress.decisions_done} of {progress.decisions_total} decisions done"]
+        if progress.outcomes:
+            counts = ", ".join(f"{count} {status}" for status, count in progress.outcomes.items())
+            parts[0] += f" ({counts})"
+        parts.append(f"{len(progress.attempts)} attempts")
+        flight = progress.in_flight
+        if flight is not None:
+            evidence = flight.get("evidence") or {}
+            parts.append(
+                f"in flight: {flight['decisionId']} on {flight['adapterId']} "
+                f"#{flight['number']} (admission: {evidence.get('decision', '—')})"
+            )
+        return " · ".join(parts)
 
     @admin.display(description="result")
     def result_pretty(self, obj: EvaluationRun) -> SafeString:
@@ -166,7 +232,8 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
 
     @admin.display(description="attempts with admission evidence")
     def attempts_table(self, obj: EvaluationRun) -> SafeString | str:
-        if not obj.attempts:
+        attempts = self._progress(obj).attempts
+        if not attempts:
             return "—"
 
         def row(attempt: dict[str, Any]) -> tuple[Any, ...]:
@@ -183,7 +250,7 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
             )
 
         rows = format_html_join(
-            "", "<tr>" + "<td>{}</td>" * 8 + "</tr>", (row(a) for a in obj.attempts)
+            "", "<tr>" + "<td>{}</td>" * 8 + "</tr>", (row(a) for a in attempts)
         )
         return format_html(
             "<table><thead><tr><th>decision</th><th>target</th><th>sent</th><th>outcome</th>"

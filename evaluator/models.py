@@ -84,7 +84,8 @@ class EvaluationRun(WorkerRun):
 
     ``principal_id`` and ``workspace`` are the trusted identities the host supplied; the request
     document never names them. ``result`` holds the run's outcome in ruleset order (without the
-    attempts) and ``attempts`` every attempt with its admission evidence.
+    attempts) and ``attempts`` every attempt with its admission evidence, both written when the
+    run ends; while it runs, its receipt (``Receipt``) holds the attempts and outcomes so far.
     """
 
     class Status(models.TextChoices):
@@ -118,6 +119,16 @@ class EvaluationRun(WorkerRun):
     claimed_by = models.CharField(max_length=160, blank=True)
     claim = models.UUIDField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Who asked to cancel the run and when (set once; the worker polls for it, see
+    # evaluator/cancel_watch.py). NULL while nobody asked.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="+",
+        null=True,
+        blank=True,
+    )
 
     class Meta(WorkerRun.Meta):
         constraints = [

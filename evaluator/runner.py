@@ -44,9 +44,7 @@ from django.db import DatabaseError, connections
 from admission import refresh, runtime
 from admission.core import AdmissionRegistry
 from evaluator import dispatch, services
-from evaluator.deployment import AdapterConfigError, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
-from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.models import EvaluationRun
 from evaluator.receipts_db import DatabaseReceiptStore, in_database_thread
 from evaluator.worker import evaluation_loop
@@ -94,7 +92,6 @@ class Runner:
         self.counters = _Counters()
         self._held: dict[uuid.UUID, _Held] = {}
         self._waiting = 0  # attempts of this process's runs waiting for admission (loop thread)
-        self.admission = _SlotFreeingRegistry(self)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -234,11 +231,22 @@ class Runner:
 
     def _start(self, run: EvaluationRun) -> None:
         assert run.claim is not None
+        try:
+            start = services.evaluation_run_prepare(run)
+        except services.RunNotStartable as refused:
+            services.run_fail(
+                run, refused.error_type, refused.detail, field=refused.field, claim=run.claim
+            )
+            return
+        with self.loop.frozen():
+            registry = runtime.registry_for_run(start.plan)
         held = _Held(token=run.claim)
         with self._lock:
             self._held[run.pk] = held
         self.counters.claimed += 1
-        future = asyncio.run_coroutine_threadsafe(self._execute(run, held), self.loop.loop)
+        future = asyncio.run_coroutine_threadsafe(
+            self._execute(run, held, start, _SlotFreeingRegistry(self, registry)), self.loop.loop
+        )
         held.future = future
         future.add_done_callback(lambda _: self._ended(run.pk))
 
@@ -250,28 +258,24 @@ class Runner:
 
     # ------------------------------------------------------------------ one run
 
-    async def _execute(self, run: EvaluationRun, held: _Held) -> None:
+    async def _execute(
+        self,
+        run: EvaluationRun,
+        held: _Held,
+        start: services.RunStart,
+        registry: _SlotFreeingRegistry,
+    ) -> None:
         token = held.token
 
         def fail(error_type: str, detail: str, field: str | None = None) -> Callable[[], Any]:
             return lambda: services.run_fail(run, error_type, detail, field=field, claim=token)
 
         try:
-            request = DecisionEvaluationRequest.from_dict(
-                {**run.document, "invocationId": run.invocation_id},
-                principal_id=run.principal_id,
-                workspace_id=run.workspace.key,
-            )
-            adapters = build_adapters(run.workspace.key)
-        except InvalidDefinitionError as error:
-            await self._retrying(held, fail("invalid-definition", error.problem, error.field))
-            return
-        except AdapterConfigError as error:
-            await self._retrying(held, fail("configuration", str(error)))
-            return
-        try:
             outcome = await services.evaluate(
-                request, cast(AdmissionRegistry, self.admission), adapters, store=self.receipts
+                start.request,
+                cast(AdmissionRegistry, registry),
+                start.adapters,
+                store=self.receipts,
             )
         except InvalidDefinitionError as error:
             await self._retrying(held, fail("invalid-definition", error.problem, error.field))
@@ -287,7 +291,9 @@ class Runner:
             detail = f"{type(error).__name__} while evaluating; the worker log has the details"
             await self._retrying(held, fail("internal-error", detail))
         else:
-            await self._retrying(held, lambda: services.run_complete(run, outcome, claim=token))
+            await self._retrying(
+                held, lambda: services.run_complete(run, outcome, start=start, claim=token)
+            )
 
     async def _retrying(self, held: _Held, action: Callable[[], Any]) -> Any:
         """Run `action` in the database thread until it succeeds or the run is lost."""
@@ -325,18 +331,19 @@ class _SlotFreeingController:
 
 
 class _SlotFreeingRegistry:
-    """The process's registry as evaluations see it: its controllers free the run's slot while
+    """A run's registry as its evaluation sees it: its controllers free the run's slot while
     the run waits for admission."""
 
-    def __init__(self, runner: Runner) -> None:
+    def __init__(self, runner: Runner, registry: AdmissionRegistry) -> None:
         self._runner = runner
+        self._registry = registry
 
     def controller(self, workspace_id: str) -> Any:
-        found = runtime.get_registry().controller(workspace_id)
+        found = self._registry.controller(workspace_id)
         return None if found is None else _SlotFreeingController(found, self._runner)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(runtime.get_registry(), name)
+        return getattr(self._registry, name)
 
 
 _lock = threading.Lock()

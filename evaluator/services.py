@@ -11,6 +11,7 @@ broker refuses that message the load run is marked `failed` with error type
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -25,15 +26,17 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
-from admission import access, selectors
+from admission import access, rollout, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
 from evaluator import qualification
-from evaluator.deployment import AdapterConfigError, adapter_ids
+from evaluator.cancel_watch import run_cancel_signal
+from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
+from evaluator.engine.rulesets import MAX_DECISIONS
 from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
@@ -44,8 +47,10 @@ __all__ = [
     "BrokerUnavailable",
     "InvalidRunRequest",
     "LoadRunNotAllowed",
+    "RunNotStartable",
     "RunServiceError",
     "evaluate",
+    "evaluation_run_prepare",
     "evaluation_run_submit",
     "load_manifest_names",
     "load_run_execute",
@@ -146,9 +151,23 @@ def evaluation_run_submit(
     return run, True
 
 
+def _check_size(document: Any) -> None:
+    """Refuse a ruleset above the deployment's `SLUICE_MAX_DECISIONS` before parsing it."""
+    limit = min(settings.SLUICE_MAX_DECISIONS, MAX_DECISIONS)
+    ruleset = document.get("ruleset") if isinstance(document, Mapping) else None
+    decisions = ruleset.get("decisions") if isinstance(ruleset, Mapping) else None
+    if isinstance(decisions, list) and len(decisions) > limit:
+        raise InvalidRunRequest(
+            f"holds {len(decisions)} decisions; this deployment takes at most {limit} per "
+            "evaluation (SLUICE_MAX_DECISIONS)",
+            field="ruleset.decisions",
+        )
+
+
 def _parse_request(
     document: Any, *, principal_id: str, workspace: Workspace
 ) -> DecisionEvaluationRequest:
+    _check_size(document)
     if isinstance(document, Mapping):
         scheduler = document.get("scheduler")
         if isinstance(scheduler, Mapping) and scheduler.get("profile") is not None:
@@ -211,10 +230,60 @@ def _error_type(run: EvaluationRun | LoadRun) -> str | None:
     return run.error.get("type") if isinstance(run.error, dict) else None
 
 
+class RunNotStartable(Exception):
+    """A claimed run cannot start; it ends `failed` with `error_type`."""
+
+    def __init__(self, error_type: str, detail: str, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.error_type = error_type
+        self.detail = detail
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """What a claimed run starts with: its request, fresh adapters and its rollout plan."""
+
+    request: DecisionEvaluationRequest
+    adapters: dict[str, Any]
+    plan: rollout.RunPlan
+    requested: bool
+
+
+def evaluation_run_prepare(run: EvaluationRun) -> RunStart:
+    """Read a claimed run's request and adapters and fix its run boundary (the kill switch,
+    shadow and canary as they stand now hold for the whole run). Raises `RunNotStartable`."""
+    try:
+        request = DecisionEvaluationRequest.from_dict(
+            {**run.document, "invocationId": run.invocation_id},
+            principal_id=run.principal_id,
+            workspace_id=run.workspace.key,
+        )
+        adapters = build_adapters(run.workspace.key)
+    except InvalidDefinitionError as error:
+        raise RunNotStartable("invalid-definition", error.problem, error.field) from None
+    except AdapterConfigError as error:
+        raise RunNotStartable("configuration", str(error)) from None
+    plan = rollout.run_plan(
+        workspace=run.workspace,
+        principal_id=run.principal_id,
+        invocation_id=run.invocation_id,
+        run_id=str(run.pk),
+    )
+    requested = request.scheduler.enabled
+    if not plan.scheduler_enabled(requested):
+        request = dataclasses.replace(
+            request, scheduler=dataclasses.replace(request.scheduler, enabled=False)
+        )
+    return RunStart(request, adapters, plan, requested)
+
+
 @dataclass(frozen=True, slots=True)
 class _Outcome:
     result: EvaluationResult
     profile_version: str | None
+    # (shadow session, active tally, shadow tally) drained when the run ended.
+    shadow: tuple[Any, dict[str, Any], dict[str, Any]] | None = None
 
 
 async def evaluate(
@@ -231,25 +300,48 @@ async def evaluate(
         await sync_to_async(close_old_connections, thread_sensitive=True)()
     profile = registry.current_profile(request.workspace_id)
     try:
-        result = await evaluate_decision_ruleset(
-            request,
-            registry=registry,
-            adapters=adapters,
-            receipt_store=store,
-            telemetry=evaluator_telemetry(),
-        )
+        # The run's cancel signal fires when somebody cancels it, from any process.
+        async with run_cancel_signal(request.workspace_id, request.invocation_id) as signal:
+            result = await evaluate_decision_ruleset(
+                dataclasses.replace(request, signal=signal),
+                registry=registry,
+                adapters=adapters,
+                receipt_store=store,
+                telemetry=evaluator_telemetry(),
+            )
     finally:
         for adapter in adapters.values():
             close = getattr(adapter, "aclose", None)
             if close is not None:
                 await close()
-    return _Outcome(result, profile.profile_version if profile is not None else None)
+    # Drained on the loop, where the shadow counts.
+    shadow = registry.shadow(request.workspace_id)
+    drained = (shadow.session, *shadow.drain()) if shadow is not None else None
+    return _Outcome(result, profile.profile_version if profile is not None else None, drained)
 
 
 def run_complete(
-    run: EvaluationRun, outcome: _Outcome, *, claim: uuid.UUID | None = None
+    run: EvaluationRun,
+    outcome: _Outcome,
+    *,
+    start: RunStart | None = None,
+    claim: uuid.UUID | None = None,
 ) -> EvaluationRun:
-    """Write a finished evaluation's result (only while `claim` still holds the run)."""
+    """Write a finished evaluation's result and its shadow observation (only while `claim`
+    still holds the run)."""
+    if claim is not None and not EvaluationRun.objects.filter(pk=run.pk, claim=claim).exists():
+        logger.warning("%s is no longer held by this claim; not writing its outcome", run)
+        return run
+    described = None
+    if start is not None:
+        plan = start.plan
+        if outcome.shadow is not None and plan.shadow is not None:
+            session, active, would_be = outcome.shadow
+            if session == plan.shadow.pk:
+                rollout.shadow_observation_record(
+                    session_id=session, run_id=str(run.pk), active=active, shadow=would_be
+                )
+        described = plan.describe(requested=start.requested)
     result = outcome.result
     status = result.status
     if status == "completed" and any(d.status == EXECUTION_UNCERTAIN for d in result.decisions):
@@ -260,6 +352,8 @@ def run_complete(
         for attempt in decision.pop("attempts"):
             attempts.append({"decisionId": decision["decisionId"], **attempt})
     document["succeeded"] = result.succeeded
+    if described is not None:
+        document["rollout"] = described
     return _finish(
         run,
         status=status,

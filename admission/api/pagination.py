@@ -45,3 +45,7 @@ class ProfileHistoryPagination(CheckedCursorPagination):
 
 class ProfileVersionPagination(CheckedCursorPagination):
     ordering = ("-created_at", "-id")
+
+
+class NewestIdFirstPagination(CheckedCursorPagination):
+    ordering = ("-id",)

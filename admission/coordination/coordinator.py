@@ -241,17 +241,20 @@ class RedisCoordinator:
                 loaded = True
                 await client.function_load(library_code(), replace=True)
 
-    def call_sync(self, name: str, workspace_id: str, *args: Any) -> dict[str, Any]:
-        """Run one script from outside the event loop (profile installs, operator views)."""
+    def _sync(self) -> redis.Redis:
         if self._sync_client is None:
             timeout = max(self.settings.timeout_ms / 1000.0, 1.0)
             self._sync_client = redis.Redis.from_url(
                 self.settings.url, socket_timeout=timeout, socket_connect_timeout=timeout
             )
+        return self._sync_client
+
+    def call_sync(self, name: str, workspace_id: str, *args: Any) -> dict[str, Any]:
+        """Run one script from outside the event loop (profile installs, operator views)."""
+        client = self._sync()
         header = self._header(workspace_id)
         # A synchronous caller cannot re-assert permits; it speaks for no epoch.
         header[5] = ""
-        client = self._sync_client
         try:
             try:
                 raw = client.fcall(function_name(name), 0, *header, *args)
@@ -264,6 +267,17 @@ class RedisCoordinator:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         result: dict[str, Any] = json.loads(raw)
         return result
+
+    def live_processes_sync(self) -> int:
+        """How many processes hold an unexpired lease on the shared state now (operators'
+        views). Raises `CoordinationUnavailable`."""
+        client = self._sync()
+        try:
+            seconds, micros = client.time()
+            now_ms = seconds * 1000 + micros / 1000.0
+            return int(client.zcount(f"{self.settings.prefix}:procs", f"({now_ms}", "+inf"))
+        except (redis.RedisError, OSError) as error:
+            raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
 
     def state_sync(
         self, workspace_id: str, *, principal_id: str = "", minutes: int = 0

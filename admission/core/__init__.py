@@ -22,6 +22,7 @@ from admission.core.evidence import (
 from admission.core.limits import BreakerConfig, Limits, Profile
 from admission.core.registry import AdmissionRegistry, DecisionEvent
 from admission.core.request import AdmissionRequest, Estimate
+from admission.core.shadow import ShadowAdmission, ShadowCall, Tally, merge_tallies
 from admission.core.signal import CancelSignal
 
 __all__ = [
@@ -45,8 +46,12 @@ __all__ = [
     "ProfileChangeRecord",
     "ProfileConflictError",
     "QueueSnapshot",
+    "ShadowAdmission",
+    "ShadowCall",
     "SystemClock",
+    "Tally",
     "VirtualTimeLoop",
     "canonical_json",
+    "merge_tallies",
     "sha256_digest",
 ]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from admission.core.evidence import AdmissionEvidence, BreakerTransition
     from admission.core.limits import Profile
     from admission.core.request import AdmissionRequest
+    from admission.core.shadow import ShadowAdmission
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ class AdmissionRegistry:
         self._profile_listeners: list[Callable[[ProfileChangeRecord], Any]] = []
         self._breaker_listeners: list[Callable[[BreakerTransition], Any]] = []
         self._decision_listeners: list[Callable[[DecisionEvent], Any]] = []
+        self._shadows: dict[str, ShadowAdmission] = {}
         self.reports_decisions = False
         self.evicts_idle = False
 
@@ -154,6 +156,29 @@ class AdmissionRegistry:
         """The bounded history of profile changes for the workspace, oldest first."""
         ledger = self._ledgers.get(workspace_id)
         return list(ledger.history) if ledger is not None else []
+
+    def start_shadow(self, profile: Profile, *, session: Any = None) -> ShadowAdmission:
+        """Decide every later request of `profile`'s workspace again, in dry run, under
+        `profile` (`admission.core.shadow`); a running shadow of the workspace is stopped."""
+        from admission.core.shadow import ShadowAdmission
+
+        shadow = ShadowAdmission(profile, clock=self.clock, session=session)
+        previous = self._shadows.get(profile.workspace_id)
+        if previous is not None:
+            previous.stop()
+        self._shadows[profile.workspace_id] = shadow
+        return shadow
+
+    def stop_shadow(self, workspace_id: str) -> ShadowAdmission | None:
+        """Stop the workspace's shadow; returns it (with its last tallies) or None."""
+        shadow = self._shadows.pop(workspace_id, None)
+        if shadow is not None:
+            shadow.stop()
+        return shadow
+
+    def shadow(self, workspace_id: str) -> ShadowAdmission | None:
+        """The workspace's running shadow, or None."""
+        return self._shadows.get(workspace_id)
 
     def on_profile_change(
         self, callback: Callable[[ProfileChangeRecord], Any]

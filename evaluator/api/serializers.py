@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from evaluator import selectors
 from evaluator.models import EvaluationRun, LoadRun
 
 
@@ -54,6 +58,18 @@ class EvaluationRunSummarySerializer(WorkerRunSerializer):
     status = serializers.CharField(
         read_only=True, help_text="queued, running, " + ", ".join(sorted(EvaluationRun.TERMINAL))
     )
+    cancelRequestedAt = serializers.DateTimeField(
+        source="cancel_requested_at",
+        read_only=True,
+        allow_null=True,
+        help_text="When somebody asked to cancel the run (null if nobody did).",
+    )
+    cancelRequestedBy = serializers.CharField(
+        source="cancel_requested_by.username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who asked to cancel the run.",
+    )
 
     class Meta:
         model = EvaluationRun
@@ -72,20 +88,65 @@ class EvaluationRunSummarySerializer(WorkerRunSerializer):
             "createdAt",
             "startedAt",
             "finishedAt",
+            "cancelRequestedAt",
+            "cancelRequestedBy",
             "error",
         )
 
 
+class InFlightAttemptSerializer(serializers.Serializer):
+    decisionId = serializers.CharField()
+    adapterId = serializers.CharField()
+    model = serializers.CharField()
+    number = serializers.IntegerField()
+    evidence = serializers.JSONField(allow_null=True, help_text="Its admission evidence.")
+
+
+class RunProgressSerializer(serializers.Serializer):
+    decisionsTotal = serializers.IntegerField()
+    decisionsDone = serializers.IntegerField(help_text="Decisions that reached an outcome.")
+    outcomes = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Decisions done per outcome status."
+    )
+    attempts = serializers.IntegerField(help_text="Attempts so far (sent or refused).")
+    inFlight = InFlightAttemptSerializer(
+        allow_null=True, help_text="The call dispatched and not answered yet, if any."
+    )
+
+
 class EvaluationRunSerializer(EvaluationRunSummarySerializer):
-    """A run with its request, its result (outcomes in ruleset order) and every attempt with
-    its admission evidence."""
+    """A run with its request, its progress, its result (outcomes in ruleset order, once it
+    ended) and every attempt with its admission evidence (so far, while it runs)."""
 
     request = serializers.JSONField(source="document", read_only=True)
+    progress = serializers.SerializerMethodField()
     result = serializers.JSONField(read_only=True, allow_null=True)
-    attempts = serializers.JSONField(read_only=True)
+    attempts = serializers.SerializerMethodField()
 
     class Meta(EvaluationRunSummarySerializer.Meta):
-        fields = (*EvaluationRunSummarySerializer.Meta.fields, "request", "result", "attempts")
+        fields = (
+            *EvaluationRunSummarySerializer.Meta.fields,
+            "request",
+            "progress",
+            "result",
+            "attempts",
+        )
+
+    def _progress(self, run: EvaluationRun) -> selectors.RunProgress:
+        # One receipt read serves both fields.
+        cached = getattr(self, "_progress_cache", None)
+        if cached is None or cached[0] != run.pk:
+            cached = (run.pk, selectors.evaluation_run_progress(run))
+            self._progress_cache = cached
+        return cached[1]
+
+    @extend_schema_field(RunProgressSerializer)
+    def get_progress(self, run: EvaluationRun) -> dict[str, Any]:
+        return self._progress(run).to_dict()
+
+    @extend_schema_field(serializers.ListField(child=serializers.JSONField()))
+    def get_attempts(self, run: EvaluationRun) -> list[dict[str, Any]]:
+        return self._progress(run).attempts
 
 
 class LoadRunSubmitSerializer(serializers.Serializer):

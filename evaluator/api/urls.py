@@ -20,6 +20,11 @@ urlpatterns = [
         name="workspace-evaluation-detail",
     ),
     path(
+        f"{_WORKSPACE}/evaluations/<str:run_id>/cancel/",
+        views.EvaluationRunCancelView.as_view(),
+        name="workspace-evaluation-cancel",
+    ),
+    path(
         f"{_WORKSPACE}/load-runs/",
         views.LoadRunListView.as_view(),
         name="workspace-load-run-list",

@@ -22,7 +22,7 @@ from admission.api.pagination import CheckedCursorPagination
 from admission.api.serializers import ErrorSerializer
 from admission.api.views import WorkspaceScopedMixin
 from config.api_parsers import BoundedJSONParser
-from evaluator import selectors, services
+from evaluator import cancellation, selectors, services
 from evaluator.api.serializers import (
     EvaluationRunSerializer,
     EvaluationRunSummarySerializer,
@@ -48,6 +48,26 @@ class BrokerUnavailableError(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_code = "broker-unavailable"
     default_detail = "The task broker is unavailable; the run was not queued. Try again."
+
+
+class RunFinishedError(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "run-finished"
+    default_detail = "The run already ended."
+
+
+THROTTLED = OpenApiResponse(
+    ErrorSerializer,
+    description="`throttled`: this caller submitted too many runs; the `Retry-After` header "
+    "says after how many seconds to try again.",
+)
+RETRY_AFTER = OpenApiParameter(
+    "Retry-After",
+    OpenApiTypes.INT,
+    OpenApiParameter.HEADER,
+    description="Seconds until the caller's submission budget allows another run.",
+    response=[429],
+)
 
 
 class RunPagination(CheckedCursorPagination):
@@ -91,6 +111,7 @@ class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
 
     @extend_schema(
         request=EvaluationSubmitSerializer,
+        parameters=[RETRY_AFTER],
         responses={
             201: EvaluationRunSerializer,
             200: OpenApiResponse(
@@ -98,6 +119,7 @@ class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
             ),
             400: INVALID,
             404: NOT_FOUND,
+            429: THROTTLED,
             503: BROKER_DOWN,
         },
     )
@@ -120,7 +142,8 @@ class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
     responses={200: EvaluationRunSerializer, 404: NOT_FOUND},
 )
 class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
-    """One evaluation run: its status and, once finished, its result and attempts."""
+    """One evaluation run: its status and progress, its attempts so far with their admission
+    evidence and, once finished, its result."""
 
     serializer_class = EvaluationRunSerializer
     filter_backends: list[Any] = []
@@ -130,6 +153,48 @@ class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         if run is None:
             raise NotFound("No such evaluation run.")
         return Response(self.get_serializer(run).data)
+
+
+@extend_schema(
+    tags=["evaluations"],
+    parameters=[WORKSPACE_KEY, RUN_ID],
+    request=None,
+    responses={
+        200: OpenApiResponse(
+            EvaluationRunSerializer, description="The run was queued: it is now cancelled."
+        ),
+        202: OpenApiResponse(
+            EvaluationRunSerializer,
+            description="The run is running: the cancel is requested, and the worker ends the "
+            "run `cancelled` within about a second (`cancelRequestedAt` is set).",
+        ),
+        403: OpenApiResponse(
+            ErrorSerializer,
+            description="Members cancel their own runs; operators anybody's.",
+        ),
+        404: NOT_FOUND,
+        409: OpenApiResponse(ErrorSerializer, description="`run-finished`: the run already ended."),
+    },
+)
+class EvaluationRunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
+    """Cancel a queued or running evaluation run."""
+
+    serializer_class = EvaluationRunSerializer
+    filter_backends: list[Any] = []
+    write_act = access.EVALUATE
+
+    def post(self, request: Request, workspace_key: str, run_id: str) -> Response:
+        run = selectors.evaluation_run_get(workspace=self.get_workspace(), run_id=run_id)
+        if run is None:
+            raise NotFound("No such evaluation run.")
+        try:
+            run = cancellation.evaluation_run_cancel(run, request.user)
+        except cancellation.RunCancelNotAllowed as error:
+            raise PermissionDenied(str(error)) from error
+        except cancellation.RunAlreadyFinished as error:
+            raise RunFinishedError(str(error)) from error
+        code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
+        return Response(self.get_serializer(run).data, status=code)
 
 
 @extend_schema(tags=["load runs"], parameters=[WORKSPACE_KEY])

@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from admission.core import AdmissionController, AdmissionRejected, AdmissionRequest, CancelSignal
+from admission.core import (
+    AdmissionController,
+    AdmissionRejected,
+    AdmissionRequest,
+    CancelSignal,
+    ShadowAdmission,
+    ShadowCall,
+)
 from admission.core.rules import count_or_none, valid_amount
 from evaluator.engine.adapters.base import (
     CLIENT_ERROR,
@@ -70,6 +77,8 @@ class AttemptContext:
     estimate: EstimateFn
     telemetry: EvaluatorTelemetry | None
     journal: ReceiptJournal | None
+    # The workspace's shadow when the run started: every admission request is mirrored to it.
+    shadow: ShadowAdmission | None = None
 
     def elapsed_ms(self) -> float:
         return self.clock.monotonic_ms() - self.origin_ms
@@ -128,10 +137,13 @@ async def run_attempt(
         signal=signal,
     )
     span = ctx.telemetry.start(request, target.adapter) if ctx.telemetry is not None else None
+    mirror = ctx.shadow.mirror(request, retry=number > 1) if ctx.shadow is not None else None
     try:
         try:
             lease = await ctx.controller.acquire(request)
         except AdmissionRejected as rejection:
+            if mirror is not None:
+                mirror.rejected(rejection)
             if span is not None:
                 span.rejected(rejection)
             deadline_fired = is_deadline(signal.reason)
@@ -148,13 +160,17 @@ async def run_attempt(
             )
             return record, None
         except BaseException:
+            if mirror is not None:
+                mirror.abandoned()
             if span is not None:
                 span.abandoned()
             raise
+        if mirror is not None:
+            mirror.admitted(lease)
         if span is not None:
             span.admitted(lease.evidence)
         return await _dispatch(
-            ctx, index, decision, prompt, target, number, lease, signal, span, base, started
+            ctx, index, decision, prompt, target, number, lease, signal, span, base, started, mirror
         )
     finally:
         timer.cancel()
@@ -173,6 +189,7 @@ async def _dispatch(
     span: Any,
     base: dict[str, Any],
     started: float,
+    mirror: ShadowCall | None,
 ) -> tuple[AttemptRecord, Any]:
     evidence = lease.evidence.to_dict()
     success: bool | None = None
@@ -281,6 +298,14 @@ async def _dispatch(
         finally:
             if pause_ms is not None:
                 ctx.controller.coordinate_retry_after(target.adapter, pause_ms)
+            if mirror is not None:
+                mirror.released(
+                    lease,
+                    success=success,
+                    actual_tokens=tokens,
+                    actual_cost_usd=cost if valid_amount(cost) else None,
+                    retry_after_ms=retry_after_ms,
+                )
             if span is not None:
                 span.released(lease.evidence)
     return record, output

@@ -221,6 +221,8 @@ class _Run:
         self.signal = CancelSignal.any(request.signal, self.deadline_signal)
         # A budget id of its own per run: two runs never share invocation budgets.
         budget_id = f"{request.invocation_id}/{secrets.token_hex(6)}"
+        # A shadow started after the run began sees the runs that begin after it.
+        shadow = registry.shadow(request.workspace_id)
         self.ctx = AttemptContext(
             controller=controller,
             adapters=adapters,
@@ -234,6 +236,7 @@ class _Run:
             estimate=estimate or default_estimate,
             telemetry=telemetry,
             journal=journal,
+            shadow=shadow,
         )
         self.ceiling = ceiling
         # Serial and receipt-backed runs keep their single permit through a backoff.
@@ -250,6 +253,8 @@ class _Run:
 
     def dispose(self) -> None:
         self.ctx.controller.release_budget(self.ctx.budget_id)
+        if self.ctx.shadow is not None:
+            self.ctx.shadow.release_budget(self.ctx.budget_id)
         self.signal.dispose()
         if self.deadline_signal is not None:
             self.deadline_signal.dispose()

@@ -43,7 +43,19 @@ SECRET_INPUT = "globex-secret-merger-terms"
         ("member", {"view", "evaluate"}),
         ("proposer", {"view", "evaluate", "propose"}),
         ("approver", {"view", "evaluate", "propose", "approve"}),
-        ("operator", {"view", "evaluate", "propose", "approve", "activate", "run-load"}),
+        (
+            "operator",
+            {
+                "view",
+                "evaluate",
+                "propose",
+                "approve",
+                "activate",
+                "run-load",
+                "operate",
+                "cancel-runs",
+            },
+        ),
     ],
 )
 def test_each_role_grants_its_acts_in_its_workspace_only(

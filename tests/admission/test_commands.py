@@ -200,3 +200,51 @@ def test_activation_conflict_is_a_command_error(workspace, approver, approved):
     _profiles("activate", "--workspace", "acme", "--version", "v1", "--user", "alex")
     with pytest.raises(CommandError, match="already the current version"):
         _profiles("activate", "--workspace", "acme", "--version", "v1", "--user", "alex")
+
+
+def test_rollout_controls_from_the_shell(workspace, proposer, approver, approved, member):
+    from admission import rollout
+    from admission.models import RolloutEvent
+
+    current = approved("v1")
+    approved("v2", concurrency=2)
+    services.profile_version_activate(version=current, actor=approver)
+    ws = ("--workspace", "acme")
+    with pytest.raises(CommandError, match="needs a reason"):
+        _profiles("switch", *ws, "--off", "--user", "pat")
+    assert "off: runs that start from now on are serial" in _profiles(
+        "switch", *ws, "--off", "--reason", "incident 42", "--user", "pat"
+    )
+    assert not rollout.parallel_scheduling_allowed(workspace=workspace)
+    with pytest.raises(CommandError, match="already off"):
+        _profiles("switch", *ws, "--off", "--reason", "again", "--user", "alex")
+    _profiles("switch", *ws, "--on", "--user", "alex")
+
+    assert "Started acme:v2 as the shadow" in _profiles(
+        "shadow", "start", *ws, "--version", "v2", "--user", "pat"
+    )
+    shown = _profiles("shadow", "show", *ws, "--user", "alex")
+    assert "shadow v2 since" in shown and "0 run(s) observed" in shown
+    assert "Requests rejected" in shown
+    as_json = json.loads(_profiles("shadow", "show", *ws, "--json", "--user", "alex"))
+    assert as_json["observations"] == 0 and as_json["passed"] is False
+    _profiles("shadow", "stop", *ws, "--reason", "done", "--user", "alex")
+    with pytest.raises(CommandError, match="no running shadow"):
+        _profiles("shadow", "show", *ws, "--user", "alex")
+
+    with pytest.raises(CommandError, match="above 0 and below 1"):
+        _profiles("canary", "start", *ws, "--version", "v2", "--fraction", "2", "--user", "pat")
+    _profiles("canary", "start", *ws, "--version", "v2", "--principal", "quiet-1", "--user", "pat")
+    assert "change" in _profiles("canary", "promote", *ws, "--user", "alex")
+    # A proposer may read but not switch.
+    with pytest.raises(CommandError, match="mia: you may not turn the kill switch"):
+        _profiles("switch", *ws, "--off", "--reason", "x", "--user", "mia")
+    kinds = list(RolloutEvent.objects.order_by("id").values_list("kind", flat=True))
+    assert kinds == [
+        "parallel-off",
+        "parallel-on",
+        "shadow-start",
+        "shadow-stop",
+        "canary-start",
+        "canary-promote",
+    ]

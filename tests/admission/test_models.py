@@ -214,3 +214,36 @@ def test_runbook_document_lists_every_checklist_question():
     text = RUNBOOK.read_text(encoding="utf-8")
     listed = re.findall(r"^- \[ \] `([a-z-]+)`", text, flags=re.MULTILINE)
     assert listed == [key for key, _ in services.RUNBOOK_CHECKLIST]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    ("table", "assignment"),
+    [
+        ("admission_rolloutevent", "reason = 'forged'"),
+        ("admission_shadowobservation", "run_id = 'forged'"),
+        ("admission_runboundary", "parallel_allowed = NOT parallel_allowed"),
+    ],
+)
+def test_postgres_trigger_keeps_rollout_rows_append_only(
+    workspace, proposer, approver, approved, table, assignment
+):
+    from admission import rollout
+
+    current, candidate = approved("v1"), approved("v2", concurrency=2)
+    services.profile_version_activate(version=current, actor=approver)
+    shadow = rollout.shadow_start(version=candidate, actor=proposer)
+    rollout.shadow_observation_record(
+        session_id=shadow.pk, run_id="r", active={"requests": 1}, shadow={"requests": 1}
+    )
+    rollout.run_plan(workspace=workspace, principal_id="p", invocation_id="i", run_id="r")
+    for statement in (f"UPDATE {table} SET {assignment}", f"DELETE FROM {table}"):
+        with (
+            pytest.raises(DatabaseError, match="append-only"),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
+            cursor.execute(statement)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table}")
+        assert cursor.fetchone()[0] == 1

@@ -19,6 +19,8 @@ class Reply:
     body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
     hold: threading.Event | None = None
+    # The longest a held reply waits for its event before answering anyway.
+    hold_seconds: float = 30.0
     content: str = "yes"
     total_tokens: int = 10
     # Seconds the server takes before it answers (a provider's service time).
@@ -82,7 +84,7 @@ class LoopbackServer:
                 server.received.release()
                 try:
                     if reply.hold is not None:
-                        reply.hold.wait(30)
+                        reply.hold.wait(reply.hold_seconds)
                     if reply.delay:
                         time.sleep(reply.delay)
                     payload = reply.payload()

@@ -301,3 +301,24 @@ def test_a_retry_does_not_wait_when_the_invocation_attempt_budget_is_spent():
     assert [a.reason for a in decision.attempts] == ["http-503", "attempts"]
     assert decision.status == "budget-exhausted"
     assert len(fake.calls) == 1
+
+
+def test_CNC_SCHED_004_a_signal_fired_before_the_run_began_dispatches_nothing():
+    # A run cancelled before its worker started it (evaluator/cancel_watch.py) arrives so.
+    async def main(loop):
+        registry = registry_with(loop, profile())
+        fake = FakeAdapter(default=FakeStep(latency_ms=100))
+        caller = CancelSignal()
+        caller.cancel("cancelled")
+        store = InMemoryReceiptStore()
+        req = request(ruleset_doc(3), signal=caller)
+        result = await evaluate_decision_ruleset(
+            req, registry=registry, adapters={"fake": fake}, receipt_store=store
+        )
+        return result, fake
+
+    result, fake = run_virtual(main)
+    assert result.status == "cancelled"
+    assert fake.calls == []
+    assert [d.status for d in result.decisions] == ["cancelled"] * 3
+    assert all(d.attempts == () for d in result.decisions)

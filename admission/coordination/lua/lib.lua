@@ -257,6 +257,37 @@ local function consume(s, p, cap, rate, amount)
   touch(s)
 end
 
+-- Per-minute counts of decisions by provider, decision and reason, kept two hours, and running
+-- totals, for operators' views; they carry no principal id. Beside the decisions: the admitted
+-- queue delay as 'delay|<bucket bound ms>' and 'delay|sum' (whole ms), and breaker transitions
+-- as 'transition|<from>><to>'.
+local COUNT_TTL = 7200000
+local DELAY_BOUNDS = {0, 5, 25, 100, 250, 1000, 2500, 10000, 30000}
+
+local function count(prov, decision, reason, n)
+  n = n or 1
+  local field = enc(prov) .. decision .. '|' .. reason
+  local key = BASE .. 'ct:' .. string.format('%.0f', floor(NOW / 60000))
+  if redis.call('HINCRBY', key, field, n) == n then
+    redis.call('PEXPIRE', key, COUNT_TTL, 'NX')
+  end
+  -- Running totals since the state began (monitoring counters); bounded by the vocabulary.
+  redis.call('HINCRBY', BASE .. 'tot', field, n)
+end
+
+local function count_delay(prov, delay)
+  local bucket = 'inf'
+  for _, bound in ipairs(DELAY_BOUNDS) do
+    if delay <= bound then
+      bucket = tostring(bound)
+      break
+    end
+  end
+  count(prov, 'delay', bucket)
+  -- The sum (whole ms) makes the buckets a histogram with a mean; an instant admit adds 0.
+  if delay >= 1 then count(prov, 'delay', 'sum', floor(delay)) end
+end
+
 -- ---------------------------------------------------------------- pressure and breaker
 
 local function pressure_key(prov) return BASE .. 'pr:' .. prov end
@@ -296,38 +327,12 @@ local function transition(sv, prov, to)
   redis.call('LPUSH', TRANS, cjson.encode(record))
   redis.call('LTRIM', TRANS, 0, TRANSITION_HISTORY - 1)
   RESULT_TRANSITIONS[#RESULT_TRANSITIONS + 1] = record
+  count(prov, 'transition', from .. '>' .. to)
   return record
 end
 
 local function breaker_state(sv)
   return sv.bs or 'closed'
-end
-
--- Per-minute counts of decisions by provider, decision and reason (and admitted queue delay
--- by bucket), kept two hours, for operators' views. They carry no principal id.
-local COUNT_TTL = 7200000
-local DELAY_BOUNDS = {0, 5, 25, 100, 250, 1000, 2500, 10000, 30000}
-
-local function count(prov, decision, reason, n)
-  n = n or 1
-  local field = enc(prov) .. decision .. '|' .. reason
-  local key = BASE .. 'ct:' .. string.format('%.0f', floor(NOW / 60000))
-  if redis.call('HINCRBY', key, field, n) == n then
-    redis.call('PEXPIRE', key, COUNT_TTL, 'NX')
-  end
-  -- Running totals since the state began (monitoring counters); bounded by the vocabulary.
-  redis.call('HINCRBY', BASE .. 'tot', field, n)
-end
-
-local function count_delay(prov, delay)
-  local bucket = 'inf'
-  for _, bound in ipairs(DELAY_BOUNDS) do
-    if delay <= bound then
-      bucket = tostring(bound)
-      break
-    end
-  end
-  count(prov, 'delay', bucket)
 end
 
 -- ------------------------------------------------------------------------ the checks

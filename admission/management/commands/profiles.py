@@ -20,7 +20,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from rest_framework.exceptions import AuthenticationFailed
 
-from admission import access, selectors, services
+from admission import access, comparisons, rollout, selectors, services
 from admission.core import InvalidProfileError
 from admission.models import RUNBOOK_ID, ProfileVersion, RollbackRequest, Workspace
 from config.api_auth import ApiTokenAuthentication
@@ -36,7 +36,8 @@ PASSWORD_VARIABLE = "SLUICE_PROFILES_PASSWORD"
 class Command(BaseCommand):
     help = (
         "Propose, approve, reject, activate and roll back admission profile versions, run "
-        "what-if qualification on them, and list versions and their change history."
+        "what-if qualification on them, turn the kill switch, run shadows and canaries, and "
+        "list versions and their change history."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -103,6 +104,46 @@ class Command(BaseCommand):
             )
         what_if.add_argument("--json", action="store_true", help="Print the whole record.")
 
+        switch = commands.add_parser(
+            "switch",
+            help="The kill switch: turn bounded parallel scheduling off (--off, with a reason) "
+            "or allow it again (--on), from the next run on.",
+        )
+        _workspace_and_user(switch)
+        position = switch.add_mutually_exclusive_group(required=True)
+        position.add_argument("--off", action="store_true", help="Serial, one permit.")
+        position.add_argument("--on", action="store_true", help="Allowed again.")
+        switch.add_argument("--reason", default="")
+
+        for kind in ("shadow", "canary"):
+            control = commands.add_parser(kind, help=f"Start, show or end the workspace's {kind}.")
+            steps = control.add_subparsers(dest="step", required=True, metavar="STEP")
+            start = steps.add_parser("start", help=f"Start an approved version as the {kind}.")
+            _version_and_user(start)
+            start.add_argument("--reason", default="")
+            if kind == "canary":
+                start.add_argument(
+                    "--principal",
+                    action="append",
+                    default=[],
+                    metavar="ID",
+                    help="A principal whose runs all use the canary; repeat per principal.",
+                )
+                start.add_argument(
+                    "--fraction",
+                    type=float,
+                    default=None,
+                    help="A share of the other runs in (0, 1), chosen by invocation id.",
+                )
+            show = steps.add_parser("show", help=f"The running {kind} and its comparison.")
+            _workspace_and_user(show)
+            show.add_argument("--json", action="store_true", help="Print the comparison as JSON.")
+            ends = ("stop",) if kind == "shadow" else ("promote", "abandon")
+            for end in ends:
+                closing = steps.add_parser(end, help=f"{end.capitalize()} the {kind}.")
+                _workspace_and_user(closing)
+                closing.add_argument("--reason", default="")
+
         history = commands.add_parser("history", help="Show a workspace's change records.")
         _workspace_and_user(history)
         history.add_argument("--kind", choices=["initial", "change", "rollback"])
@@ -110,8 +151,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         subcommand = options["subcommand"].replace("-", "_")
-        if subcommand == "rollback":
-            subcommand = f"rollback_{options['step']}"
+        if subcommand in ("rollback", "shadow", "canary"):
+            subcommand = f"{subcommand}_{options['step']}"
         for name in ("comment", "reason"):
             if options.get(name):
                 _check_text(options[name], f"--{name}")
@@ -195,6 +236,78 @@ class Command(BaseCommand):
             request=request, approver=options["actor"], comment=options["comment"]
         )
         self.stdout.write(self.style.SUCCESS(f"Rejected the rollback to {request.target}."))
+
+    def _switch(self, options: dict[str, Any]) -> None:
+        workspace = _workspace(options["workspace"])
+        allowed = bool(options["on"])
+        rollout.parallel_scheduling_set(
+            workspace=workspace, actor=options["actor"], allowed=allowed, reason=options["reason"]
+        )
+        state = "allowed" if allowed else "off: runs that start from now on are serial"
+        self.stdout.write(self.style.SUCCESS(f"Parallel scheduling in {workspace.key}: {state}."))
+
+    def _shadow_start(self, options: dict[str, Any]) -> None:
+        version = _version(options["workspace"], options["version"])
+        rollout.shadow_start(version=version, actor=options["actor"], reason=options["reason"])
+        self.stdout.write(self.style.SUCCESS(f"Started {version} as the shadow."))
+
+    def _shadow_stop(self, options: dict[str, Any]) -> None:
+        workspace = _workspace(options["workspace"])
+        rollout.shadow_stop(workspace=workspace, actor=options["actor"], reason=options["reason"])
+        self.stdout.write(self.style.SUCCESS(f"Stopped the shadow of {workspace.key}."))
+
+    def _canary_start(self, options: dict[str, Any]) -> None:
+        version = _version(options["workspace"], options["version"])
+        rollout.canary_start(
+            version=version,
+            actor=options["actor"],
+            principals=options["principal"],
+            fraction=options["fraction"],
+            reason=options["reason"],
+        )
+        self.stdout.write(self.style.SUCCESS(f"Started {version} as a canary."))
+
+    def _canary_promote(self, options: dict[str, Any]) -> None:
+        workspace = _workspace(options["workspace"])
+        _event, record = rollout.canary_promote(
+            workspace=workspace, actor=options["actor"], reason=options["reason"]
+        )
+        self.stdout.write(self.style.SUCCESS(_describe(record)))
+
+    def _canary_abandon(self, options: dict[str, Any]) -> None:
+        workspace = _workspace(options["workspace"])
+        rollout.canary_abandon(
+            workspace=workspace, actor=options["actor"], reason=options["reason"]
+        )
+        self.stdout.write(self.style.SUCCESS(f"Abandoned the canary of {workspace.key}."))
+
+    def _shadow_show(self, options: dict[str, Any]) -> None:
+        self._show(options, "shadow")
+
+    def _canary_show(self, options: dict[str, Any]) -> None:
+        self._show(options, "canary")
+
+    def _show(self, options: dict[str, Any], kind: str) -> None:
+        workspace = _workspace(options["workspace"])
+        access.require(options["actor"], access.VIEW, workspace)
+        running = (
+            rollout.shadow_current(workspace=workspace)
+            if kind == "shadow"
+            else rollout.canary_current(workspace=workspace)
+        )
+        if running is None or running.version is None:
+            raise CommandError(f"workspace {workspace.key!r} has no running {kind}")
+        comparison = comparisons.session_comparison(running)
+        if options["json"]:
+            self.stdout.write(json.dumps(comparison.to_dict(), sort_keys=True))
+            return
+        self.stdout.write(
+            f"{kind} {running.version.profile_version} since {running.at:%Y-%m-%d %H:%M:%S} UTC, "
+            f"{comparison.observations} run(s) observed"
+        )
+        for bound in comparison.bounds:
+            mark = "pass" if bound.passed else "FAIL"
+            self.stdout.write(f"  {mark}  {bound.title}: {bound.verdict}")
 
     def _list(self, options: dict[str, Any]) -> None:
         workspace = _workspace(options["workspace"])

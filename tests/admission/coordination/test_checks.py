@@ -459,6 +459,49 @@ def test_operators_read_the_shared_state_without_a_loop(deployment: Deployment) 
     run(deployment, scenario)
 
 
+def test_totals_count_breaker_transitions_and_the_queue_delay(deployment: Deployment) -> None:
+    process = deployment.process()
+    breaker = {"failureThreshold": 1, "openMs": 200, "halfOpenMaxCalls": 1}
+    deployment.register(profile(providers={"llm": {"concurrency": 1, "circuitBreaker": breaker}}))
+
+    async def scenario() -> None:
+        held = await process.controller().acquire(request())
+        waiting = asyncio.ensure_future(process.controller().acquire(request("bob", budget="b")))
+        await until(lambda: deployment.queued("V:llm") == 1)
+        await asyncio.sleep(0.06)
+        held.release(success=True)
+        waited = await asyncio.wait_for(waiting, 5)
+        waited.release(success=False)
+        await settle(deployment)
+        totals = process.coordinator.state_sync(WORKSPACE, minutes=2)["totals"]
+        assert totals["llm|transition|closed>open"] == 1
+        assert totals["llm|admit|admitted"] == 2
+        # Two admissions, two delays: one instant, one that waited at least the 60 ms.
+        assert totals["llm|delay|0"] == 1
+        assert (
+            sum(v for k, v in totals.items() if k.startswith("llm|delay|"))
+            - totals["llm|delay|sum"]
+            == 2
+        )
+        assert totals["llm|delay|sum"] >= 60
+        assert waited.evidence.queue_delay_ms >= 60
+
+    run(deployment, scenario)
+
+
+def test_a_profile_naming_ten_thousand_principals_is_installed(deployment: Deployment) -> None:
+    principals = {f"p-{index:05d}": {"concurrency": 1} for index in range(10_000)}
+    process = deployment.process(register=profile(principals=principals))
+
+    async def scenario() -> None:
+        lease = await process.controller().acquire(request("p-09999"))
+        lease.release(success=True)
+
+    run(deployment, scenario)
+    state = process.coordinator.state_sync(WORKSPACE)
+    assert state["rev"] == "v1" and state["principals"] == 10_000
+
+
 def test_degraded_mode_divides_each_limit_by_the_live_processes(
     private_redis: PrivateRedis,
 ) -> None:

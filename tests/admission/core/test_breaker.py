@@ -159,3 +159,43 @@ def test_CNC_ADMIT_BREAKER_001_history_is_bounded(scenario_factory):
         assert len(s.controller.breaker_transitions()) == 256
 
     s.run(body)
+
+
+def test_a_profile_without_the_breaker_stops_an_open_breaker_from_deferring(scenario_factory):
+    def profile(version, breaker):
+        llm = {"concurrency": 5, **({"circuitBreaker": breaker} if breaker else {})}
+        return make_profile(version=version, providers={"llm": llm})
+
+    s = scenario_factory(profile("guarded", {"failureThreshold": 1, "openMs": 60_000}))
+
+    async def body(s):
+        (await s.admit(request(budget="f"))).release(success=False)
+        s.registry.register(profile("unguarded", None))
+        start = s.now()
+        lease = await s.admit(request(budget="after"))
+        lease.release(success=True)
+        return s.now() - start
+
+    assert s.run(body) == 0
+
+
+def test_a_half_open_breaker_with_its_probes_out_defers_with_circuit_open(scenario_factory):
+    breaker = {"failureThreshold": 1, "openMs": 100, "halfOpenMaxCalls": 1}
+    s = scenario_factory(
+        make_profile(providers={"llm": {"concurrency": 5, "circuitBreaker": breaker}})
+    )
+    decisions: list[tuple[str, str]] = []
+    s.registry.on_decision(lambda event: decisions.append((event.decision, event.reason)))
+
+    async def body(s):
+        (await s.admit(request(budget="f"))).release(success=False)
+        await asyncio.sleep(0.1)
+        decisions.clear()
+        probe = await s.admit(request(budget="probe"))
+        waiting = s.start(request(budget="w"))
+        await s.settle()
+        probe.release(success=True)
+        (await waiting).release(success=True)
+
+    s.run(body)
+    assert decisions == [("admit", "admitted"), ("defer", "circuit-open"), ("admit", "admitted")]

@@ -235,3 +235,31 @@ def test_CNC_ADMIT_TOKEN_001_large_request_is_not_starved_by_small_ones(scenario
         assert admitted_small == pytest.approx([950, 1000, 1050])
 
     s.run(body)
+
+
+@pytest.mark.parametrize("pool", ["workspace", "provider"])
+def test_CNC_ADMIT_RESERVE_001_every_unreserved_permit_is_usable_at_once(scenario_factory, pool):
+    # Three permits in the pool, one of them quiet's unused reservation: noisy gets two at once.
+    three = {"concurrency": 3}
+    s = scenario_factory(
+        make_profile(
+            workspace=three if pool == "workspace" else {"concurrency": 10},
+            providers={"llm": three if pool == "provider" else {"concurrency": 10}},
+            principals={
+                "noisy": {"concurrency": 10},
+                "quiet": {"concurrency": 2, "reservedConcurrency": 1},
+            },
+        )
+    )
+
+    async def body(s):
+        held = [await s.admit(request("noisy", budget=f"n{i}")) for i in range(2)]
+        third = s.start(request("noisy", budget="n2"))
+        await s.settle()
+        waiting = not third.done()
+        third.cancel()
+        for lease in held:
+            lease.release()
+        return [lease.evidence.queue_delay_ms for lease in held], waiting
+
+    assert s.run(body) == ([0, 0], True)

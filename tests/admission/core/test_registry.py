@@ -230,3 +230,20 @@ def test_CNC_ADMIT_DRILL_001_breaker_shed_tighten_restore():
 
     loop.run_until_complete(drill())
     loop.close()
+
+
+def test_static_rules_hold_for_a_principal_first_seen_after_a_profile_change(scenario_factory):
+    s = scenario_factory(make_profile(version="v1"))
+
+    async def body(s):
+        (await s.admit(request("alice", budget="before"))).release()
+        s.registry.register(
+            make_profile(
+                version="v2",
+                principals={"alice": {"concurrency": 5}, "dave": {"concurrency": 5, "maxItems": 3}},
+            )
+        )
+        # dave's lane is new under v2: its static rules are v2's, checked from the first call.
+        return (await s.reject(request("dave", budget="big", items=4))).reason
+
+    assert s.run(body) == "too-many-items"

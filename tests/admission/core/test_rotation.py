@@ -329,3 +329,83 @@ def test_defer_decisions_name_what_the_waiter_waits_for(scenario_factory):
 
     s.run(body)
     assert defers == ["concurrency", "retry-after", "circuit-open"]
+
+
+def test_CNC_ADMIT_019_a_principal_never_served_ranks_ahead_of_one_just_served(scenario_factory):
+    # The provider admits one call at a time and is paused before anything was ever admitted,
+    # so alice's and bob's lanes start waiting together; carol arrives once alice was served.
+    one = {"concurrency": 1}
+    s = scenario_factory(
+        make_profile(
+            providers={"llm": one},
+            principals={"alice": {"concurrency": 5}, "bob": one, "carol": one},
+        )
+    )
+
+    async def body(s):
+        served: list[str] = []
+        s.controller.coordinate_retry_after("llm", 10)
+        tasks = [asyncio.ensure_future(_call(s, served, "alice", f"a{i}")) for i in range(2)]
+        tasks.append(asyncio.ensure_future(_call(s, served, "bob", "b")))
+        await asyncio.sleep(0.0105)
+        assert served == ["alice"]
+        tasks.append(asyncio.ensure_future(_call(s, served, "carol", "c")))
+        await asyncio.gather(*tasks)
+        return served
+
+    # carol has never been served: she goes before alice's second call, as bob does.
+    assert s.run(body) == ["alice", "bob", "carol", "alice"]
+
+
+@pytest.mark.parametrize(
+    ("holder", "waiter", "limits"),
+    [
+        ("alice", "alice", {"principals": {"alice": {"concurrency": 1}}}),
+        ("alice", "bob", {"providers": {"llm": {"concurrency": 1}}}),
+        ("alice", "alice", {"workspace": {"concurrency": 4, "maxPrincipalShare": 0.25}}),
+        ("alice", "alice", {"providers": {"llm": {"concurrency": 4, "maxPrincipalShare": 0.25}}}),
+        (
+            "alice",
+            "alice",
+            {
+                "workspace": {"concurrency": 2},
+                "principals": {"alice": {"concurrency": 5}, "bob": {"reservedConcurrency": 1}},
+            },
+        ),
+        (
+            "alice",
+            "alice",
+            {
+                "providers": {"llm": {"concurrency": 2}},
+                "principals": {"alice": {"concurrency": 5}, "bob": {"reservedConcurrency": 1}},
+            },
+        ),
+    ],
+    ids=[
+        "principal",
+        "provider",
+        "workspace-share",
+        "provider-share",
+        "workspace-reservation",
+        "provider-reservation",
+    ],
+)
+def test_every_permit_cap_defers_with_the_reason_concurrency(
+    scenario_factory, holder, waiter, limits
+):
+    principals = limits.get("principals", {"alice": {"concurrency": 5}, "bob": {"concurrency": 5}})
+    for own in principals.values():
+        own.setdefault("concurrency", 5)
+    s = scenario_factory(make_profile(**{**limits, "principals": principals}))
+    decisions: list[tuple[str, str]] = []
+    s.registry.on_decision(lambda event: decisions.append((event.decision, event.reason)))
+
+    async def body(s: Scenario) -> None:
+        held = await s.admit(request(holder, budget="h"))
+        waiting = s.start(request(waiter, budget="w"))
+        await s.settle()
+        held.release(success=True)
+        (await waiting).release(success=True)
+
+    s.run(body)
+    assert decisions == [("admit", "admitted"), ("defer", "concurrency"), ("admit", "admitted")]

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('admission', '0004_rollback_request_append_only'),
-        ('evaluator', '0004_load_run_timeline'),
+        ('evaluator', '0005_evaluation_run_cancel_request'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
