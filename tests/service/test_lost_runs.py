@@ -24,6 +24,7 @@ from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivatePostgres, PrivateRedis
 
 from .conftest import TERMINAL, Deployment, full_mode_urls, wait_for
+from .test_deployment_limits import _admission_redis
 
 pytestmark = pytest.mark.celery
 
@@ -214,6 +215,8 @@ def test_a_worker_main_process_sigkilled_its_runs_run_elsewhere(
     released = threading.Event()
     try:
         _use(deployment, provider)
+        # Two workers share admission through Redis (with RabbitMQ as the broker, named apart).
+        deployment.env.update(_admission_redis(deployment))
         deployment.setup()
         deployment.start_web()
         doomed = deployment.start_worker({"SLUICE_WORKER_SLOTS": "3"})
