@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import os
 import socket
@@ -215,8 +216,17 @@ class Runner:
             return
         # The safety net under the profile listener: a claimed run starts under current limits.
         refresh.catch_up(self.loop.frozen, source="task-start")
-        for run in runs:
-            self._start(run)
+        for index, run in enumerate(runs):
+            try:
+                self._start(run)
+            except Exception:
+                # Not started: this run and the rest of the batch go back to the backlog (or,
+                # if the database is gone too, to the sweeper once their heartbeats are old).
+                for left in runs[index:]:
+                    if left.claim is not None and left.pk not in self._held:
+                        with contextlib.suppress(DatabaseError):
+                            dispatch.run_release(left.pk, left.claim)
+                raise
 
     def _beat(self) -> None:
         with self._lock:

@@ -70,8 +70,6 @@ def test_two_worker_instances_share_one_concurrency_and_one_rate(deployment):
         env.update(_admission_redis(deployment))
         deployment.django(ACTIVATE_LIMITS)
         deployment.start_web(env)
-        # Two evaluations at a time per instance: a decision's 10 s timeout includes its wait
-        # for admission, and 25 calls under a 20-a-minute bucket must not all wait at once.
         for _ in range(2):
             deployment.start_worker({**env, "SLUICE_WORKER_SLOTS": "2"}, concurrency=2)
 
@@ -80,6 +78,10 @@ def test_two_worker_instances_share_one_concurrency_and_one_rate(deployment):
             document = example_request(decisions)
             # Every decision's prompt names its run, so a repeated dispatch is visible.
             document["input"]["text"] = f"case {index}"
+            # Runs waiting for admission hold no worker slot, so all five wait at once, and a
+            # decision's timeout counts its wait: 25 calls under a 20-a-minute bucket take 15 s.
+            for decision in document["ruleset"]["decisions"]:
+                decision["binding"]["primary"]["timeoutMs"] = 60000
             submitted.append(deployment.submit(document)["id"])
         finished = [deployment.wait_run(run_id, timeout=150) for run_id in submitted]
 
