@@ -1,17 +1,30 @@
-"""Service benchmark: evaluations per second through a real web server and Celery worker.
+"""Service benchmark: evaluations per second through a real web server and Celery workers.
 
-Run with `python benchmarks/service.py [--evaluations 40] [--latency-ms 10]`. Each evaluation has
-10 decisions on the fake adapter; the worker runs as many processes as the demo profile's
-workspace concurrency. Submissions go through the REST API; submit-to-complete is the run's
-`finishedAt - createdAt` as the server recorded it. Runs on the embedded default (SQLite and the
-filesystem broker) and, when DATABASE_URL and CELERY_BROKER_URL point at PostgreSQL and Redis,
-on those too. Prints figures; asserts nothing.
+Run with `python benchmarks/service.py [--evaluations 300] [--decisions 5] [--latency-ms 300]
+[--workers 1,2] [--modes full] [--limits wide|demo]`. The provider is a loopback
+OpenAI-compatible server answering every call after `--latency-ms`; each evaluation has
+`--decisions` decisions. `--limits demo` keeps the demo profile's admission limits (a principal
+may have 2 calls in flight); `wide` (the default) activates a profile that lets every call
+through at once (concurrency 256 at every level), so the figures show what the workers do,
+not what admission allows. Submissions go through the REST API from 8 client threads;
+submit-to-complete is the run's `finishedAt - createdAt` as the server recorded it.
+
+Each is measured twice: submitted while the workers run (`--cap`, the default per-workspace
+cap of runs in flight), and queued first with the workers started afterwards (`--backlog-cap`),
+which shows what the workers do apart from the web server. Then, with one worker: a quiet
+workspace's 1-decision evaluation when nothing else runs, and again one second into a noisy
+workspace's burst (`--burst`, default 100 evaluations).
+
+Runs on the embedded default (SQLite and the filesystem broker; one worker only) and, when
+DATABASE_URL and CELERY_BROKER_URL point at PostgreSQL and Redis, on those too. Prints
+figures; asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import logging
 import os
 import secrets
@@ -19,6 +32,7 @@ import signal
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +45,36 @@ os.environ.setdefault("DJANGO_HTTPS", "0")
 import _pytest.outcomes
 import django
 
-# The demo profile and the example request live in modules that import models.
+# The example request lives in a module that imports models.
 django.setup()
 # Figures only: one log line per polling request would bury them.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-from config.demo import DEMO_PROFILE  # noqa: E402
 from evaluator.forms import example_request  # noqa: E402
+from tests.evaluator.loopback import LoopbackServer, Reply  # noqa: E402
 from tests.service.conftest import TERMINAL, Deployment  # noqa: E402
+from tests.service.test_fairness import QUIET_WORKSPACE  # noqa: E402
 
-DECISIONS = 10
+WIDE_PROFILE = """
+import copy
+from django.contrib.auth import get_user_model
+from admission import services
+from admission.models import Workspace
+from config.demo import DEMO_PROFILE
+document = copy.deepcopy(DEMO_PROFILE)
+document["profileVersion"] = "bench-wide"
+for part in [document["workspace"], *document["providers"].values(),
+             *document["principals"].values()]:
+    part.update(concurrency=256, requestsPerMinute=10**7, maxQueueLength=100000)
+users = get_user_model().objects
+proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+version = services.profile_version_propose(
+    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
+services.profile_version_approve(
+    version=version, approver=approver,
+    checklist={key: True for key, _ in services.RUNBOOK_CHECKLIST}, comment="benchmark")
+services.profile_version_activate(version=version, actor=approver)
+"""
 
 
 def _when(value: str) -> float:
@@ -53,79 +87,176 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[index]
 
 
-def measure(mode: str, evaluations: int, latency_ms: float) -> dict[str, Any] | None:
-    concurrency = DEMO_PROFILE["workspace"]["concurrency"]
+def _deployment(tmp: str, mode: str, provider: LoopbackServer) -> Deployment | None:
+    try:
+        deployment = Deployment(Path(tmp), mode)
+    except _pytest.outcomes.Skipped as skipped:
+        print(f"{mode}: skipped ({skipped.msg})")
+        return None
+    deployment.env["SLUICE_ADAPTERS"] = json.dumps(
+        {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
+    )
+    return deployment
+
+
+def _wait_all(deployment: Deployment, ids: set[str], path: str, user: str) -> list[dict[str, Any]]:
+    runs: dict[str, dict[str, Any]] = {}
+    deadline = time.monotonic() + 900
+    while len(runs) < len(ids) and time.monotonic() < deadline:
+        page = deployment.api("GET", path, params={"page_size": 500}, user=user).json()
+        for run in page["results"]:
+            if run["id"] in ids and run["status"] in TERMINAL:
+                runs[run["id"]] = run
+        time.sleep(0.2)
+    return list(runs.values())
+
+
+def _submit_all(deployment: Deployment, args: argparse.Namespace) -> tuple[set[str], float]:
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(
+            pool.map(
+                lambda _: deployment.submit(example_request(args.decisions))["id"],
+                range(args.evaluations),
+            )
+        )
+    return ids, time.monotonic() - started
+
+
+def measure(
+    mode: str, workers: int, args: argparse.Namespace, provider: LoopbackServer, *, backlog: bool
+) -> dict[str, Any] | None:
+    """Live: workers run while the evaluations are submitted. Backlog: every evaluation is
+    queued first, then the workers start (what the workers do, apart from the web server)."""
     with tempfile.TemporaryDirectory(prefix=f"sluice-bench-{mode}-") as tmp:
-        try:
-            deployment = Deployment(Path(tmp), mode)
-        except _pytest.outcomes.Skipped as skipped:
-            print(f"{mode}: skipped ({skipped.msg})")
+        deployment = _deployment(tmp, mode, provider)
+        if deployment is None:
             return None
+        cap = str(args.backlog_cap if backlog else args.cap)
+        deployment.env["SLUICE_WORKSPACE_RUNS_IN_FLIGHT"] = cap
         try:
             deployment.setup()
+            if args.limits == "wide":
+                deployment.django(WIDE_PROFILE)
             deployment.start_web()
-            deployment.start_worker(
-                {"SLUICE_ADAPTERS": deployment.adapters(latency_ms=latency_ms)},
-                concurrency=concurrency,
-            )
-            # One run first so every pool process has its registry and connections.
-            for _ in range(concurrency):
-                deployment.wait_run(deployment.submit(example_request(DECISIONS))["id"])
-            started = time.monotonic()
-            ids = {deployment.submit(example_request(DECISIONS))["id"] for _ in range(evaluations)}
-            submitted = time.monotonic() - started
-            runs: dict[str, dict[str, Any]] = {}
-            deadline = time.monotonic() + 600
-            while len(runs) < len(ids) and time.monotonic() < deadline:
-                page = deployment.api(
-                    "GET", "/api/workspaces/demo/evaluations/", params={"page_size": 500}
-                ).json()
-                for run in page["results"]:
-                    if run["id"] in ids and run["status"] in TERMINAL:
-                        runs[run["id"]] = run
-                time.sleep(0.1)
+            if backlog:
+                ids, submitted = _submit_all(deployment, args)
+            before = len(provider.requests)
+            for _ in range(workers):
+                deployment.start_worker()
+            if not backlog:
+                ids, submitted = _submit_all(deployment, args)
+            runs = _wait_all(deployment, ids, "/api/workspaces/demo/evaluations/", "demo-proposer")
+            calls = len(provider.requests) - before
         finally:
             deployment.stop()
-    statuses = {run["status"] for run in runs.values()}
-    latencies = [_when(r["finishedAt"]) - _when(r["createdAt"]) for r in runs.values()]
-    first = min(_when(r["createdAt"]) for r in runs.values())
-    last = max(_when(r["finishedAt"]) for r in runs.values())
+    start = "startedAt" if backlog else "createdAt"
+    latencies = [_when(r["finishedAt"]) - _when(r[start]) for r in runs]
+    first = min(_when(r[start]) for r in runs)
+    last = max(_when(r["finishedAt"]) for r in runs)
     return {
-        "mode": mode,
-        "evaluations": len(runs),
-        "statuses": sorted(statuses),
+        "runs": len(runs),
+        "statuses": sorted({r["status"] for r in runs}),
         "submit_s": submitted,
         "per_second": len(runs) / (last - first),
-        "p50_ms": _percentile(latencies, 0.50) * 1000,
-        "p95_ms": _percentile(latencies, 0.95) * 1000,
-        "concurrency": concurrency,
+        "p50_s": _percentile(latencies, 0.50),
+        "p95_s": _percentile(latencies, 0.95),
+        "calls": calls,
+        "peak_in_flight": provider.max_in_flight,
+        "cap": cap,
     }
+
+
+def _quiet(deployment: Deployment) -> float:
+    path = "/api/workspaces/quiet/evaluations/"
+    response = deployment.api("POST", path, json=example_request(1), user="demo-approver")
+    run_id = response.json()["id"]
+    (run,) = _wait_all(deployment, {run_id}, path, "demo-approver")
+    return _when(run["finishedAt"]) - _when(run["createdAt"])
+
+
+def fairness(mode: str, args: argparse.Namespace, provider: LoopbackServer) -> None:
+    with tempfile.TemporaryDirectory(prefix=f"sluice-bench-fair-{mode}-") as tmp:
+        deployment = _deployment(tmp, mode, provider)
+        if deployment is None:
+            return
+        try:
+            deployment.setup()
+            deployment.django(QUIET_WORKSPACE)
+            deployment.start_web()
+            deployment.start_worker()
+            _quiet(deployment)
+            idle = [_quiet(deployment) for _ in range(3)]
+            with ThreadPoolExecutor(8) as pool:
+                list(
+                    pool.map(
+                        lambda _: deployment.submit(example_request(args.decisions)),
+                        range(args.burst),
+                    )
+                )
+            time.sleep(1)
+            loaded = [_quiet(deployment) for _ in range(3)]
+        finally:
+            deployment.stop()
+    print(
+        f"{mode:<27} quiet tenant, 1 decision: idle {min(idle) * 1000:6.0f} ms (best of 3); "
+        f"1 s into a {args.burst}-evaluation burst of another workspace "
+        f"{', '.join(f'{v * 1000:.0f}' for v in loaded)} ms",
+        flush=True,
+    )
 
 
 def main() -> int:
     # SIGTERM (e.g. from `timeout`) unwinds through the deployments' cleanup like Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--evaluations", type=int, default=40)
-    parser.add_argument("--latency-ms", type=float, default=10.0)
+    parser.add_argument("--evaluations", type=int, default=300)
+    parser.add_argument("--decisions", type=int, default=5)
+    parser.add_argument("--latency-ms", type=float, default=300.0)
+    parser.add_argument("--workers", default="1,2")
     parser.add_argument("--modes", default="embedded,full")
+    parser.add_argument("--limits", choices=("wide", "demo"), default="wide")
+    parser.add_argument("--burst", type=int, default=100)
+    parser.add_argument("--fairness-only", action="store_true")
+    parser.add_argument("--cap", type=int, default=16, help="SLUICE_WORKSPACE_RUNS_IN_FLIGHT")
+    parser.add_argument(
+        "--backlog-cap", type=int, default=256, help="the same, for the queued-first runs"
+    )
     args = parser.parse_args()
     print(
-        f"{args.evaluations} evaluations x {DECISIONS} decisions, fake adapter "
-        f"{args.latency_ms:g} ms per call, receipt-backed (serial within an evaluation)"
+        f"{args.evaluations} evaluations x {args.decisions} decisions, loopback provider "
+        f"{args.latency_ms:g} ms per call, {args.limits} admission limits"
     )
-    for mode in args.modes.split(","):
-        figures = measure(mode, args.evaluations, args.latency_ms)
-        if figures is None:
-            continue
-        label = "SQLite + filesystem broker" if mode == "embedded" else "PostgreSQL + Redis"
-        print(
-            f"{label:<28} worker x{figures['concurrency']}: "
-            f"{figures['per_second']:6.2f} evaluations/s  "
-            f"submit→complete p50 {figures['p50_ms']:7.0f} ms  p95 {figures['p95_ms']:7.0f} ms  "
-            f"(submitting took {figures['submit_s']:.2f} s; {figures['evaluations']} runs "
-            f"{', '.join(figures['statuses'])})"
-        )
+    with LoopbackServer() as provider:
+        provider.default = Reply(delay=args.latency_ms / 1000.0)
+        for mode in args.modes.split(","):
+            label = "SQLite + filesystem broker" if mode == "embedded" else "PostgreSQL + Redis"
+            skipped = False
+            for backlog in () if args.fairness_only else (False, True):
+                for workers in [int(n) for n in args.workers.split(",")]:
+                    if mode == "embedded" and workers > 1:
+                        continue  # admission is in-process there: one worker process only
+                    provider.max_in_flight = 0
+                    figures = measure(mode, workers, args, provider, backlog=backlog)
+                    if figures is None:
+                        skipped = True
+                        break
+                    how = "queued first, then" if backlog else "submitted live to"
+                    since = "start" if backlog else "submit"
+                    print(
+                        f"{label:<27} {how} {workers} worker(s), workspace cap "
+                        f"{figures['cap']}: {figures['per_second']:6.2f} evaluations/s  "
+                        f"{since}→complete p50 {figures['p50_s']:6.2f} s  "
+                        f"p95 {figures['p95_s']:6.2f} s  ({figures['runs']} runs "
+                        f"{', '.join(figures['statuses'])}; {figures['calls']} calls, at most "
+                        f"{figures['peak_in_flight']} at once; submitting took "
+                        f"{figures['submit_s']:.1f} s)",
+                        flush=True,
+                    )
+                if skipped:
+                    break
+            if not skipped:
+                fairness(mode, args, provider)
     return 0
 
 

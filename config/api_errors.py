@@ -4,13 +4,19 @@ DRF's views answer through `exception_handler`; what happens outside them (a URL
 that matches no route, a server error, a body Django refused before a view ran) goes through
 the `handler*` views of `config.urls`, which answer the same shape under /api/ and Django's
 plain pages elsewhere.
+
+A database that cannot be reached (refused, restarting, gone) is not a server error: the API
+answers `503` with `{"error": {"type": "database-unavailable"}}` and `Retry-After`, and other
+pages a plain 503, whether the failure happened in a view or in a middleware before it.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.db import InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views import defaults
 from rest_framework import exceptions
@@ -20,6 +26,10 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from config.api_parsers import request_too_large
 
 API_PREFIX = "/api/"
+DATABASE_UNAVAILABLE = "database-unavailable"
+DATABASE_RETRY_AFTER_SECONDS = 5
+_DATABASE_DOWN = (OperationalError, InterfaceError)
+_DATABASE_DETAIL = "The database is not reachable right now; nothing was changed. Retry shortly."
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -30,6 +40,12 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         exc = exceptions.PermissionDenied(str(exc) or None)
     elif isinstance(exc, RequestDataTooBig):
         exc = request_too_large()
+    elif isinstance(exc, _DATABASE_DOWN):
+        return Response(
+            {"error": {"type": DATABASE_UNAVAILABLE, "detail": _DATABASE_DETAIL}},
+            status=503,
+            headers={"Retry-After": str(DATABASE_RETRY_AFTER_SECONDS)},
+        )
     response = drf_exception_handler(exc, context)
     if response is None:
         return None
@@ -74,6 +90,13 @@ def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
+    if isinstance(sys.exc_info()[1], _DATABASE_DOWN):
+        if _is_api(request):
+            response: HttpResponse = _typed(503, DATABASE_UNAVAILABLE, _DATABASE_DETAIL)
+        else:
+            response = HttpResponse(_DATABASE_DETAIL, status=503, content_type="text/plain")
+        response["Retry-After"] = str(DATABASE_RETRY_AFTER_SECONDS)
+        return response
     if _is_api(request):
         return _typed(500, "server_error", "The server failed to answer; it has been logged.")
     return defaults.server_error(request)

@@ -6,14 +6,26 @@ set, Redis or RabbitMQ. Results go to django-celery-results either way.
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init, worker_process_shutdown, worker_ready
+from celery.signals import (
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
+from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+# `filesystem://` means the embedded broker whose messages appear whole (config/broker.py).
+TRANSPORT_ALIASES["filesystem"] = "config.broker:Transport"
+
+logger = logging.getLogger(__name__)
 
 app = Celery("sluice")
 # Queue name and broker options come from config/settings.py (CELERY_* settings).
@@ -54,19 +66,24 @@ def _stop_listener(**_: Any) -> None:
 
 
 @worker_ready.connect
-def _requeue_orphaned_runs(**_: Any) -> None:
-    # Redis and RabbitMQ redeliver an unacknowledged message themselves; the filesystem broker
-    # does not, so runs its dead worker held are queued again here.
-    if not str(app.conf.broker_url).startswith("filesystem://"):
-        return
-    from django.db import connections
-
-    from evaluator import services
+def _start_runner(**_: Any) -> None:
+    # The worker's own process claims and runs evaluations (evaluator/runner.py); the thread
+    # pool only carries doorbells and load runs into it.
+    from evaluator.dispatch import WorkerRefused
+    from evaluator.runner import start_runner
 
     try:
-        services.runs_requeue_orphaned()
-    finally:
-        connections.close_all()
+        start_runner()
+    except WorkerRefused as refused:
+        logger.critical("this worker refuses to run evaluations: %s", refused)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+@worker_shutdown.connect
+def _stop_runner(**_: Any) -> None:
+    from evaluator.runner import stop_runner
+
+    stop_runner()
 
 
 @worker_ready.connect

@@ -1,7 +1,8 @@
 """`python -m config.cli run | demo-setup | web | worker | beat`: the newcomer's path to a running
 Sluice, and the production processes (web server, Celery worker, Celery beat).
 
-`run` migrates, sets up the demo (idempotent), starts the web server and one Celery worker,
+`run` migrates, sets up the demo (idempotent), starts the web server and one Celery worker
+process (which runs many evaluations at once on its event loop, evaluator/runner.py),
 prints where to go and how to sign in, and stops both on Ctrl-C or SIGTERM. With no
 environment it runs on SQLite and the filesystem broker under var/; DATABASE_URL and
 CELERY_BROKER_URL switch it to PostgreSQL and Redis (or RabbitMQ), see docs/running.md.
@@ -260,7 +261,10 @@ def _add_web_command(commands: Any) -> None:
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
     """The Celery worker's command line that `worker` runs (and `run` starts for the demo)."""
-    argv = ["worker", "--loglevel", args.loglevel, "--concurrency", str(args.concurrency)]
+    # One process: Celery's threads carry doorbells and load runs; its runner runs evaluations
+    # (SLUICE_WORKER_SLOTS at once) on one event loop (evaluator/runner.py).
+    argv = ["worker", "--loglevel", args.loglevel, "--pool", "threads"]
+    argv += ["--concurrency", str(args.concurrency)]
     argv += ["--without-gossip", "--without-mingle", "--hostname", args.hostname]
     return argv
 
@@ -288,7 +292,7 @@ def beat_command(args: argparse.Namespace) -> int:
 
 def _add_worker_commands(commands: Any) -> None:
     try:
-        concurrency = env_int("SLUICE_WORKER_CONCURRENCY", 2, minimum=1)
+        concurrency = env_int("SLUICE_WORKER_CONCURRENCY", 4, minimum=1)
         loglevel = env_str("SLUICE_LOG_LEVEL", "") or "INFO"
     except SettingsError as error:
         raise SystemExit(f"error: {error}") from None
@@ -299,7 +303,8 @@ def _add_worker_commands(commands: Any) -> None:
         "--concurrency",
         type=int,
         default=concurrency,
-        help="pool processes (default SLUICE_WORKER_CONCURRENCY, 2)",
+        help="Celery threads for doorbells and load runs (default SLUICE_WORKER_CONCURRENCY, "
+        "4); evaluations run on the process's event loop, SLUICE_WORKER_SLOTS at once",
     )
     worker.add_argument(
         "--hostname",
@@ -324,14 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("run", help="migrate, set up the demo, run web server and worker")
     try:
         addr = env_str("SLUICE_ADDR", "") or DEFAULT_ADDR
-        concurrency = env_int("SLUICE_WORKER_CONCURRENCY", 2, minimum=1)
+        concurrency = env_int("SLUICE_WORKER_CONCURRENCY", 4, minimum=1)
         show_credentials = env_bool("SLUICE_SHOW_CREDENTIALS", False)
     except SettingsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     run.add_argument("--addr", default=addr)
     run.add_argument(
-        "--concurrency", type=int, default=concurrency, help="worker processes (default 2)"
+        "--concurrency",
+        type=int,
+        default=concurrency,
+        help="the worker's Celery threads (default 4); evaluations run SLUICE_WORKER_SLOTS at once",
     )
     run.add_argument(
         "--show-credentials",

@@ -258,6 +258,39 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
+# A worker is one process: Celery's thread pool takes the doorbells (and load runs), and one
+# event loop in that process runs its evaluations (evaluator/runner.py, docs/running.md).
+CELERY_WORKER_POOL = "threads"
+
+# Runs live in the database; workers claim them from there (evaluator/runner.py). Evaluations
+# one worker process runs at once on its event loop:
+SLUICE_WORKER_SLOTS = env_int("SLUICE_WORKER_SLOTS", 64, minimum=1)
+# Threads of a worker process that write receipts and results for its evaluations (each keeps
+# one database connection):
+SLUICE_WORKER_DB_THREADS = env_int("SLUICE_WORKER_DB_THREADS", 8, minimum=1)
+# Evaluations of one workspace running at once across the whole deployment:
+SLUICE_WORKSPACE_RUNS_IN_FLIGHT = env_int("SLUICE_WORKSPACE_RUNS_IN_FLIGHT", 16, minimum=1)
+
+
+def _seconds(name: str, default: float, *, minimum: float = 0.0, exclusive: bool = False) -> float:
+    value = env_float(name, default, minimum=minimum, exclusive=exclusive)
+    return default if value is None else value
+
+
+# How often a worker looks at the backlog without a doorbell, and sweeps for lost runs:
+SLUICE_DISPATCH_POLL_SECONDS = _seconds("SLUICE_DISPATCH_POLL_SECONDS", 2.0, exclusive=True)
+# How often a worker writes its runs' heartbeats, and after how long without one a run is
+# taken back and claimed again:
+SLUICE_RUN_HEARTBEAT_SECONDS = _seconds("SLUICE_RUN_HEARTBEAT_SECONDS", 5.0, exclusive=True)
+SLUICE_RUN_STALE_SECONDS = _seconds("SLUICE_RUN_STALE_SECONDS", 30.0, minimum=1.0)
+# How long a stopping worker waits for its runs before it gives them back to the backlog:
+SLUICE_WORKER_DRAIN_SECONDS = _seconds("SLUICE_WORKER_DRAIN_SECONDS", 8.0)
+# Tests only: while this file exists, a committed run's doorbell waits (evaluator/services.py).
+SLUICE_TEST_HOLD_PUBLISH = env_str("SLUICE_TEST_HOLD_PUBLISH", "")
+if SLUICE_RUN_STALE_SECONDS < 3 * SLUICE_RUN_HEARTBEAT_SECONDS:
+    raise SettingsError(
+        "SLUICE_RUN_STALE_SECONDS must be at least three SLUICE_RUN_HEARTBEAT_SECONDS"
+    )
 
 # Deployment-wide admission (admission/coordination): every check about shared capacity is
 # decided in Redis, so limits hold for all worker processes together. It defaults to the
@@ -329,7 +362,11 @@ LOGGING = {
     },
     "root": {"handlers": ["console"], "level": env_str("SLUICE_LOG_LEVEL", "") or "INFO"},
     # django-axes logs every successful sign-in at INFO; lockouts are warnings.
-    "loggers": {"axes": {"level": "WARNING"}},
+    "loggers": {
+        "axes": {"level": "WARNING"},
+        # One line per provider call would bury a busy worker's log.
+        "httpx": {"level": "WARNING"},
+    },
 }
 # Celery replaces the root logger's handlers unless told not to; JSON logs must survive that.
 CELERY_WORKER_HIJACK_ROOT_LOGGER = SLUICE_LOG_FORMAT != "json"

@@ -133,7 +133,9 @@ def flush(**_: Any) -> None:
 
 
 def _on_worker_shutdown() -> None:
-    # A pool child may leave without running atexit handlers; flush when Celery says it stops.
-    from celery.signals import worker_process_shutdown
+    # A pool child may leave without running atexit handlers; flush when Celery says it stops
+    # (the worker process itself, with the default thread pool, or a prefork child).
+    from celery.signals import worker_process_shutdown, worker_shutdown
 
     worker_process_shutdown.connect(flush, weak=False, dispatch_uid="sluice-telemetry")
+    worker_shutdown.connect(flush, weak=False, dispatch_uid="sluice-telemetry-worker")

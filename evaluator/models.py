@@ -113,6 +113,12 @@ class EvaluationRun(WorkerRun):
     profile_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     result = models.JSONField(null=True, blank=True)
     attempts = models.JSONField(default=list, blank=True)
+    # Who runs it now (evaluator/runner.py): the worker's id and a fresh token per claim, which
+    # every later write of that worker must still match (a run taken back and claimed again by
+    # another worker is no longer the first one's to finish), and the claimant's last heartbeat.
+    claimed_by = models.CharField(max_length=160, blank=True)
+    claim = models.UUIDField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
     # Who asked to cancel the run and when (set once; the worker polls for it, see
     # evaluator/cancel_watch.py). NULL while nobody asked.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
@@ -134,6 +140,11 @@ class EvaluationRun(WorkerRun):
         indexes = [
             models.Index(fields=["workspace", "-created_at", "-id"], name="evaluator_run_ws"),
             models.Index(fields=["status"], name="evaluator_run_status"),
+            # The dispatcher's fair pick: the oldest queued run of each (workspace, principal).
+            models.Index(
+                fields=["status", "workspace", "principal_id", "created_at"],
+                name="evaluator_run_backlog",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -186,3 +197,29 @@ class LoadRun(WorkerRun):
         if self.what_if_version_id is not None:
             return f"what-if run {self.manifest_name} → {self.target} ({self.status})"
         return f"load run {self.manifest_name} → {self.target} ({self.status})"
+
+
+class WorkerProcess(models.Model):
+    """A worker process that runs evaluations (evaluator/runner.py), while it lives.
+
+    Its heartbeat says it is alive; `coordinated` says whether its admission limits are shared
+    through Redis. A process that keeps admission to itself refuses to start beside another
+    live one, since each would enforce the limits on its own (together, twice the limits).
+    """
+
+    id = models.CharField(primary_key=True, max_length=160)
+    hostname = models.CharField(max_length=128)
+    pid = models.PositiveIntegerField()
+    # The process's start time in clock ticks (Linux /proc), so a reused pid is not mistaken.
+    pid_started = models.BigIntegerField(null=True, blank=True)
+    coordinated = models.BooleanField()
+    slots = models.PositiveIntegerField()
+    started_at = models.DateTimeField(auto_now_add=True)
+    heartbeat_at = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ("-started_at",)
+
+    def __str__(self) -> str:
+        return f"worker {self.id}"

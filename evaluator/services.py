@@ -1,20 +1,23 @@
-"""The write path of evaluation and load runs: submit (row + enqueue after commit) and execute.
+"""The write path of evaluation and load runs: submit, and the writes that end a run.
 
-Submitting validates everything a request can get wrong before a row exists, writes the row and
-publishes the task when the transaction commits. If the broker refuses the message, the run is
-marked `failed` with error type `broker-unavailable` (it never stays `queued` with no message
-behind it) and `BrokerUnavailable` is raised; submitting the same `invocationId` again re-queues
-that run. Executing is idempotent: a finished run is left alone, and a redelivered evaluation
-resumes from its database receipt, so no receipt-backed attempt is dispatched twice.
+Submitting validates everything a request can get wrong before a row exists and writes the run
+`queued`: that row *is* the queue entry (workers claim runs from the database, see
+evaluator/runner.py and evaluator/dispatch.py). When the transaction commits a doorbell message
+is published so a worker looks at once; if the broker does not take it, the run is still queued
+and a worker's next poll finds it. Load runs are still carried by their Celery task: if the
+broker refuses that message the load run is marked `failed` with error type
+`broker-unavailable` and `BrokerUnavailable` is raised.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -23,14 +26,14 @@ from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
 from django.utils import timezone
 
-from admission import access, refresh, rollout, runtime, selectors
+from admission import access, rollout, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
 from evaluator import qualification
 from evaluator.cancel_watch import run_cancel_signal
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
-from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
+from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
 from evaluator.engine.rulesets import MAX_DECISIONS
@@ -39,19 +42,21 @@ from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.receipts_db import DatabaseReceiptStore
-from evaluator.worker import evaluation_loop
 
 __all__ = [
     "BrokerUnavailable",
     "InvalidRunRequest",
     "LoadRunNotAllowed",
+    "RunNotStartable",
     "RunServiceError",
-    "evaluation_run_execute",
+    "evaluate",
+    "evaluation_run_prepare",
     "evaluation_run_submit",
     "load_manifest_names",
     "load_run_execute",
     "load_run_submit",
-    "runs_requeue_orphaned",
+    "run_complete",
+    "run_fail",
 ]
 
 logger = logging.getLogger(__name__)
@@ -136,7 +141,7 @@ def evaluation_run_submit(
                 decision_count=len(request.ruleset.decisions),
                 task_id=str(uuid.uuid4()),
             )
-            _enqueue_on_commit(run)
+            _ring_on_commit(run)
     except IntegrityError:
         # A concurrent submission took the invocation id between the lookup and the insert.
         run = existing.first()
@@ -217,7 +222,7 @@ def _resubmit(run: EvaluationRun, principal_id: str, document: Any) -> Evaluatio
         )
         run.refresh_from_db()
         if updated:
-            _enqueue_on_commit(run)
+            _ring_on_commit(run)
     return run
 
 
@@ -225,18 +230,29 @@ def _error_type(run: EvaluationRun | LoadRun) -> str | None:
     return run.error.get("type") if isinstance(run.error, dict) else None
 
 
-def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
-    """Run (or resume) an evaluation in this worker process; a finished run is left alone.
+class RunNotStartable(Exception):
+    """A claimed run cannot start; it ends `failed` with `error_type`."""
 
-    Returns the run, or None when no such run exists (a message for a rolled-back submission).
-    """
-    run = _claim(EvaluationRun, run_id)
-    if run is None or run.finished:
-        return run
-    loop = evaluation_loop()
-    refresh.start_listener(loop.frozen)
-    # The safety net under the listener: one query, then only stale workspaces are replayed.
-    refresh.catch_up(loop.frozen, source="task-start")
+    def __init__(self, error_type: str, detail: str, field: str | None = None) -> None:
+        super().__init__(detail)
+        self.error_type = error_type
+        self.detail = detail
+        self.field = field
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """What a claimed run starts with: its request, fresh adapters and its rollout plan."""
+
+    request: DecisionEvaluationRequest
+    adapters: dict[str, Any]
+    plan: rollout.RunPlan
+    requested: bool
+
+
+def evaluation_run_prepare(run: EvaluationRun) -> RunStart:
+    """Read a claimed run's request and adapters and fix its run boundary (the kill switch,
+    shadow and canary as they stand now hold for the whole run). Raises `RunNotStartable`."""
     try:
         request = DecisionEvaluationRequest.from_dict(
             {**run.document, "invocationId": run.invocation_id},
@@ -245,10 +261,9 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
         )
         adapters = build_adapters(run.workspace.key)
     except InvalidDefinitionError as error:
-        return _fail(run, "invalid-definition", error.problem, field=error.field)
+        raise RunNotStartable("invalid-definition", error.problem, error.field) from None
     except AdapterConfigError as error:
-        return _fail(run, "configuration", str(error))
-    # The run boundary: the kill switch, shadow and canary as they stand now hold for this run.
+        raise RunNotStartable("configuration", str(error)) from None
     plan = rollout.run_plan(
         workspace=run.workspace,
         principal_id=run.principal_id,
@@ -260,23 +275,7 @@ def evaluation_run_execute(run_id: str | uuid.UUID) -> EvaluationRun | None:
         request = dataclasses.replace(
             request, scheduler=dataclasses.replace(request.scheduler, enabled=False)
         )
-    with loop.frozen():
-        registry = runtime.registry_for_run(plan)
-    try:
-        outcome = loop.run(_evaluate(request, registry, adapters))
-    except InvalidDefinitionError as error:
-        return _fail(run, "invalid-definition", error.problem, field=error.field)
-    except ReceiptConflictError as conflict:
-        # Another delivery of this run holds the receipt; it writes the result, not us.
-        logger.warning("evaluation run %s: %s", run.pk, conflict)
-        return run
-    if outcome.shadow is not None and plan.shadow is not None:
-        session, active, would_be = outcome.shadow
-        if session == plan.shadow.pk:
-            rollout.shadow_observation_record(
-                session_id=session, run_id=str(run.pk), active=active, shadow=would_be
-            )
-    return _complete(run, outcome, rollout=plan.describe(requested=requested))
+    return RunStart(request, adapters, plan, requested)
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,14 +286,18 @@ class _Outcome:
     shadow: tuple[Any, dict[str, Any], dict[str, Any]] | None = None
 
 
-async def _evaluate(
+async def evaluate(
     request: DecisionEvaluationRequest,
     registry: AdmissionRegistry,
     adapters: dict[str, Any],
+    *,
+    store: DatabaseReceiptStore | None = None,
 ) -> _Outcome:
-    store = DatabaseReceiptStore()
-    # The store's thread keeps its connection between runs; drop it if the server went away.
-    await sync_to_async(close_old_connections, thread_sensitive=True)()
+    """Evaluate on the running loop with the database receipt store (resumes a receipt)."""
+    if store is None:
+        store = DatabaseReceiptStore()
+        # The store's thread keeps its connection between runs; drop it if the server went away.
+        await sync_to_async(close_old_connections, thread_sensitive=True)()
     profile = registry.current_profile(request.workspace_id)
     try:
         # The run's cancel signal fires when somebody cancels it, from any process.
@@ -317,9 +320,28 @@ async def _evaluate(
     return _Outcome(result, profile.profile_version if profile is not None else None, drained)
 
 
-def _complete(
-    run: EvaluationRun, outcome: _Outcome, *, rollout: dict[str, Any] | None = None
+def run_complete(
+    run: EvaluationRun,
+    outcome: _Outcome,
+    *,
+    start: RunStart | None = None,
+    claim: uuid.UUID | None = None,
 ) -> EvaluationRun:
+    """Write a finished evaluation's result and its shadow observation (only while `claim`
+    still holds the run)."""
+    if claim is not None and not EvaluationRun.objects.filter(pk=run.pk, claim=claim).exists():
+        logger.warning("%s is no longer held by this claim; not writing its outcome", run)
+        return run
+    described = None
+    if start is not None:
+        plan = start.plan
+        if outcome.shadow is not None and plan.shadow is not None:
+            session, active, would_be = outcome.shadow
+            if session == plan.shadow.pk:
+                rollout.shadow_observation_record(
+                    session_id=session, run_id=str(run.pk), active=active, shadow=would_be
+                )
+        described = plan.describe(requested=start.requested)
     result = outcome.result
     status = result.status
     if status == "completed" and any(d.status == EXECUTION_UNCERTAIN for d in result.decisions):
@@ -330,11 +352,12 @@ def _complete(
         for attempt in decision.pop("attempts"):
             attempts.append({"decisionId": decision["decisionId"], **attempt})
     document["succeeded"] = result.succeeded
-    if rollout is not None:
-        document["rollout"] = rollout
+    if described is not None:
+        document["rollout"] = described
     return _finish(
         run,
         status=status,
+        claim=claim,
         result=document,
         attempts=attempts,
         profile_version=outcome.profile_version,
@@ -418,33 +441,46 @@ def load_run_execute(run_id: str | uuid.UUID) -> LoadRun | None:
     )
 
 
-def runs_requeue_orphaned() -> int:
-    """Publish again every run left `running`; returns how many.
-
-    For the embedded (filesystem) broker only: it forgets a message once a worker took it, so
-    a worker killed outright leaves its run `running` with nothing on the broker. A worker
-    starting there calls this; it assumes it is the only worker (as `make run` starts it).
-    """
-    return _requeue_running(EvaluationRun) + _requeue_running(LoadRun)
-
-
-def _requeue_running(model: type[RunT]) -> int:
-    count = 0
-    for run in model.objects.filter(status=model.Status.RUNNING):
-        logger.warning("%s was left running by a worker that died; queueing it again", run)
-        try:
-            _publish(run)
-        except BrokerUnavailable:
-            continue
-        count += 1
-    return count
-
-
 # --------------------------------------------------------------------------------- shared
 
 
 def _enqueue_on_commit(run: RunT) -> None:
     transaction.on_commit(lambda: _publish(run))
+
+
+def _ring_on_commit(run: EvaluationRun) -> None:
+    transaction.on_commit(lambda: _ring(run))
+
+
+def _ring(run: EvaluationRun) -> None:
+    """Publish the doorbell of a committed run; a lost doorbell only costs one poll interval."""
+    from evaluator import tasks
+
+    _hold_before_publish()
+    try:
+        tasks.run_evaluation.apply_async(
+            args=[str(run.pk)], task_id=run.task_id, retry=True, retry_policy=PUBLISH_RETRY_POLICY
+        )
+    except Exception as error:
+        logger.warning(
+            "%s is queued, but its doorbell was not published (%s: %s); a worker's next poll "
+            "finds it",
+            run,
+            type(error).__name__,
+            error,
+        )
+
+
+def _hold_before_publish() -> None:
+    """Test hook (`SLUICE_TEST_HOLD_PUBLISH`): while the named file exists, a committed run's
+    doorbell waits, so a test can kill the web server between commit and publish."""
+    path = settings.SLUICE_TEST_HOLD_PUBLISH
+    if not path:
+        return
+    held = Path(f"{path}.held")
+    held.touch()
+    while Path(path).exists():
+        time.sleep(0.02)
 
 
 def _publish(run: RunT) -> None:
@@ -484,17 +520,33 @@ def _claim(model: type[RunT], run_id: str | uuid.UUID) -> RunT | None:
 
 
 def _fail(run: RunT, error_type: str, detail: str, *, field: str | None = None) -> RunT:
+    return run_fail(run, error_type, detail, field=field)
+
+
+def run_fail(
+    run: RunT,
+    error_type: str,
+    detail: str,
+    *,
+    field: str | None = None,
+    claim: uuid.UUID | None = None,
+) -> RunT:
+    """End a run `failed` with a typed error (only while `claim`, if given, holds it)."""
     error: dict[str, Any] = {"type": error_type, "detail": detail}
     if field:
         error["field"] = field
-    return _finish(run, status="failed", error=error)
+    return _finish(run, status="failed", error=error, claim=claim)
 
 
-def _finish(run: RunT, *, status: str, **values: Any) -> RunT:
+def _finish(run: RunT, *, status: str, claim: uuid.UUID | None = None, **values: Any) -> RunT:
     model: type[Model] = type(run)
     with transaction.atomic():
         locked = model.objects.select_for_update().get(pk=run.pk)  # type: ignore[attr-defined]
         if locked.finished:
+            return locked
+        if claim is not None and locked.claim != claim:
+            # Taken back and claimed again: the current claimant writes the outcome.
+            logger.warning("%s is no longer held by this claim; not writing its outcome", run)
             return locked
         locked.status = status
         locked.finished_at = timezone.now()

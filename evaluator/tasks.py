@@ -1,7 +1,9 @@
-"""Celery tasks: thin, take a run id, call a service, safe to run twice.
+"""Celery tasks: thin, take a run id, safe to run twice.
 
-`acks_late` with `reject_on_worker_lost`: a worker that dies mid-run leaves the message on the
-broker, and the next delivery resumes the run from its database receipt.
+`run_evaluation` is a doorbell: the run's state is its database row, and the message only tells
+this worker process's runner (evaluator/runner.py) to look at the backlog now. It stores no
+result and is acknowledged at once; a lost doorbell costs one poll interval, never the run.
+Load runs are executed by their task (`acks_late` with `reject_on_worker_lost`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from celery import shared_task
 from django.db import DatabaseError
 
 from evaluator import services
+from evaluator.runner import current_runner
 
 # A database that is busy or restarting: deliver again shortly; the services resume the run.
 _RETRY = {
@@ -22,11 +25,12 @@ _RETRY = {
 }
 
 
-@shared_task(name="evaluator.run_evaluation", acks_late=True, reject_on_worker_lost=True, **_RETRY)
-def run_evaluation(run_id: str) -> dict[str, Any]:
-    """Execute (or resume) one evaluation run."""
-    run = services.evaluation_run_execute(run_id)
-    return {"run": run_id, "status": run.status if run is not None else "missing"}
+@shared_task(name="evaluator.run_evaluation", acks_late=False, ignore_result=True)
+def run_evaluation(run_id: str) -> None:
+    """Wake this process's runner: a run was queued (it claims fairly, not this run first)."""
+    runner = current_runner()
+    if runner is not None:
+        runner.wake()
 
 
 @shared_task(

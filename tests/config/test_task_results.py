@@ -11,6 +11,7 @@ from django.utils import timezone
 from django_celery_results.models import TaskResult
 
 from config.celery import app
+from evaluator.runner import stop_runner
 
 pytestmark = pytest.mark.django_db
 
@@ -34,5 +35,9 @@ def test_a_starting_worker_cleans_up_once():
     now = timezone.now()
     row = TaskResult.objects.create(task_id="stale", status="SUCCESS")
     TaskResult.objects.filter(pk=row.pk).update(date_done=now - dt.timedelta(days=3))
-    worker_ready.send(sender=None)
+    try:
+        worker_ready.send(sender=None)
+    finally:
+        # A starting worker also starts its evaluation runner (evaluator/runner.py).
+        stop_runner()
     assert not TaskResult.objects.filter(task_id="stale").exists()

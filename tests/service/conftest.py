@@ -41,6 +41,12 @@ _CONTROLLED = (
     "SLUICE_ADMISSION_REDIS_URL",
     "SLUICE_ADMISSION_KEY_PREFIX",
     "SLUICE_ADMISSION_RECOVERY_GRACE_MS",
+    "SLUICE_WORKER_SLOTS",
+    "SLUICE_WORKSPACE_RUNS_IN_FLIGHT",
+    "SLUICE_DISPATCH_POLL_SECONDS",
+    "SLUICE_RUN_HEARTBEAT_SECONDS",
+    "SLUICE_RUN_STALE_SECONDS",
+    "SLUICE_TEST_HOLD_PUBLISH",
     "DJANGO_SETTINGS_MODULE",
 )
 
@@ -158,7 +164,14 @@ class Process:
 class Deployment:
     """One isolated Sluice: database, broker queue, var dir, web server, workers."""
 
-    def __init__(self, root: Path, mode: str) -> None:
+    def __init__(
+        self,
+        root: Path,
+        mode: str,
+        *,
+        database_url: str | None = None,
+        broker_url: str | None = None,
+    ) -> None:
         self.root = root
         self.mode = mode
         self.processes: list[Process] = []
@@ -182,10 +195,11 @@ class Deployment:
             SLUICE_THROTTLE_SUBMIT="off",
         )
         if mode == "full":
-            database_url, broker_url = full_mode_urls()
-            self.database = _Database(database_url)
+            # A test may bring servers of its own (tests/private_services.py) to stop and start.
+            default_database, default_broker = full_mode_urls()
+            self.database = _Database(database_url or default_database)
             env["DATABASE_URL"] = self.database.url
-            env["CELERY_BROKER_URL"] = broker_url
+            env["CELERY_BROKER_URL"] = broker_url or default_broker
         self.env = env
         self.web_url = ""
         self.demo: dict[str, Any] = {}
@@ -234,7 +248,7 @@ class Deployment:
         return web
 
     def start_worker(
-        self, env: dict[str, str] | None = None, *, concurrency: int = 1, pool: str = "prefork"
+        self, env: dict[str, str] | None = None, *, concurrency: int = 2, pool: str = "threads"
     ) -> Process:
         name = f"worker-{len(self.processes)}"
         argv = [

@@ -70,8 +70,10 @@ def test_two_worker_instances_share_one_concurrency_and_one_rate(deployment):
         env.update(_admission_redis(deployment))
         deployment.django(ACTIVATE_LIMITS)
         deployment.start_web(env)
+        # Two evaluations at a time per instance: a decision's 10 s timeout includes its wait
+        # for admission, and 25 calls under a 20-a-minute bucket must not all wait at once.
         for _ in range(2):
-            deployment.start_worker(env, concurrency=2)
+            deployment.start_worker({**env, "SLUICE_WORKER_SLOTS": "2"}, concurrency=2)
 
         submitted = []
         for index in range(runs):

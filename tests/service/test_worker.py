@@ -35,12 +35,16 @@ def test_an_evaluation_submitted_over_the_api_completes_on_a_real_worker(deploym
         assert attempt["sent"] is True
         assert attempt["evidence"]["decision"] == "admit"
         assert attempt["evidence"]["reason"] == "admitted"
-    # Celery's own record of the task, in django-celery-results.
+    # The run was claimed from the database by the worker process's runner, which registered
+    # itself; the doorbell stored no Celery result (the run row is the record).
     stored = deployment.django(
         "from django_celery_results.models import TaskResult;"
-        f"print(TaskResult.objects.get(task_id='{run['taskId']}').status)"
+        "from evaluator.models import EvaluationRun, WorkerProcess;"
+        f"run = EvaluationRun.objects.get(pk='{run['id']}');"
+        "worker = WorkerProcess.objects.get(pk=run.claimed_by);"
+        f"print(worker.slots, TaskResult.objects.filter(task_id='{run['taskId']}').count())"
     )
-    assert stored.strip() == "SUCCESS"
+    assert stored.split() == ["64", "0"]
 
     listing = deployment.api("GET", "/api/workspaces/demo/evaluations/").json()
     assert [item["id"] for item in listing["results"]] == [submitted["id"]]
@@ -93,3 +97,18 @@ def test_bad_requests_are_typed_400s_and_nothing_is_queued(deployment):
     # A workspace the caller does not belong to does not exist for it.
     assert deployment.api("GET", "/api/workspaces/other/evaluations/").status_code == 404
     assert deployment.api("GET", path).json()["results"] == []
+
+
+@pytest.mark.parametrize("mode", ["embedded"])
+def test_a_second_worker_without_shared_admission_refuses_to_start(deployment):
+    first = deployment.start_worker()
+    second = deployment.start("worker-second", ["-m", "celery", "-A", "config", "worker"])
+    # It stops by itself, saying why, and the first keeps running evaluations.
+    second.popen.wait(timeout=60)
+    assert "refuses to run evaluations" in second.log()
+    assert "SLUICE_ADMISSION_REDIS_URL" in second.log()
+    assert first.popen.poll() is None
+    deployment.start_web()
+    run = deployment.wait_run(deployment.submit(example_request(2))["id"])
+    assert run["status"] == "completed"
+    assert {call["pid"] for call in deployment.adapter_calls()} == {first.pid}
