@@ -239,3 +239,38 @@ def test_closing_the_breaker_wakes_every_lane_waiting_on_the_provider(scenario_f
         return admitted
 
     assert s.run(body) == [True, True, True]
+
+
+def test_a_half_open_breaker_admits_exactly_its_probe_calls(scenario_factory):
+    breaker = {"failureThreshold": 1, "openMs": 100, "halfOpenMaxCalls": 2}
+    s = scenario_factory(
+        make_profile(providers={"llm": {"concurrency": 5, "circuitBreaker": breaker}})
+    )
+
+    async def body(s):
+        (await s.admit(request(budget="f"))).release(success=False)
+        await asyncio.sleep(0.1)
+        calls = [s.start(request(budget=f"p{i}")) for i in range(3)]
+        await s.settle()
+        admitted = [task.done() for task in calls]
+        for task in calls[:2]:
+            (await task).release(success=None)
+        calls[2].cancel()
+        return admitted
+
+    assert s.run(body) == [True, True, False]
+
+
+def test_an_admission_is_reported_with_its_evidence(scenario_factory):
+    s = scenario_factory()
+    events = []
+    s.registry.on_decision(events.append)
+
+    async def body(s):
+        lease = await s.admit(request(budget="a"))
+        lease.release()
+        return lease.evidence
+
+    evidence = s.run(body)
+    assert (evidence.decision, evidence.reason) == ("admit", "admitted")
+    assert [(e.decision, e.reason, e.evidence) for e in events] == [("admit", "admitted", evidence)]
