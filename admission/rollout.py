@@ -170,13 +170,19 @@ def _label(event: RolloutEvent | None) -> str | None:
 
 
 def run_plan(
-    *, workspace: Workspace, principal_id: str, invocation_id: str, run_id: str | None = None
+    *,
+    workspace: Workspace,
+    principal_id: str,
+    invocation_id: str,
+    run_id: str | None = None,
+    pinned: bool = False,
 ) -> RunPlan:
     """The kill switch, shadow and canary as they stand for a run starting now.
 
     With `run_id` the kill-switch setting and the canary arm are kept at the run's first start
     (`RunBoundary`) and a later start of the same run (a redelivery) gets them back, so a run
     in flight finishes under what it started with. A shadow is read afresh: it only observes.
+    A run `pinned` to a profile revision (`scheduler.profileVersion`) never goes to a canary.
     """
     shadow = shadow_current(workspace=workspace)
     running = canary_current(workspace=workspace)
@@ -190,8 +196,10 @@ def run_plan(
                 canary=kept.canary if kept.canary is not None else running,
                 on_canary=kept.canary is not None,
             )
-    on_canary = running is not None and canary_routes(
-        running, principal_id=principal_id, invocation_id=invocation_id
+    on_canary = (
+        not pinned
+        and running is not None
+        and canary_routes(running, principal_id=principal_id, invocation_id=invocation_id)
     )
     plan = RunPlan(
         workspace_key=workspace.key,
@@ -216,6 +224,7 @@ def run_plan(
                 principal_id=principal_id,
                 invocation_id=invocation_id,
                 run_id=run_id,
+                pinned=pinned,
             )
     return plan
 

@@ -18,6 +18,7 @@ import ipaddress
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -35,7 +36,7 @@ from prometheus_client.core import (
 from admission import operations, runtime
 from admission.coordination import CoordinationUnavailable
 from config import health
-from evaluator.models import EvaluationRun, LoadRun
+from evaluator.models import EvaluationRun, LoadRun, WorkerProcess
 
 __all__ = ["MetricsMiddleware", "SluiceCollector", "allowed", "render"]
 
@@ -200,6 +201,41 @@ def _runs() -> Iterator[Metric]:
     yield from (runs, oldest)
 
 
+def _workers() -> Iterator[Metric]:
+    """Worker processes and the sweeper they run. Every worker's dispatcher sweeps, so the
+    sweeper is up while one worker heartbeats; running runs whose heartbeat is older than the
+    stale window are what a working sweeper gives back within a poll."""
+    now = timezone.now()
+    fresh_after = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
+    workers = GaugeMetricFamily(
+        "sluice_worker_processes",
+        "Worker processes that have not stopped, by whether their heartbeat is fresh",
+        labels=["state"],
+    )
+    running = WorkerProcess.objects.filter(stopped_at__isnull=True)
+    live = running.filter(heartbeat_at__gte=fresh_after)
+    live_count = live.count()
+    workers.add_metric(["live"], live_count)
+    workers.add_metric(["stale"], running.count() - live_count)
+    slots = GaugeMetricFamily(
+        "sluice_worker_slots", "Evaluations the live worker processes may run at once"
+    )
+    slots.add_metric([], sum(live.values_list("slots", flat=True)))
+    sweeper = GaugeMetricFamily(
+        "sluice_sweeper_up", "1 while at least one live worker process sweeps the backlog"
+    )
+    sweeper.add_metric([], 1 if live_count else 0)
+    overdue = GaugeMetricFamily(
+        "sluice_runs_stale_running",
+        "Running evaluation runs whose worker stopped heartbeating past the stale window",
+    )
+    overdue.add_metric(
+        [],
+        EvaluationRun.objects.filter(status="running", heartbeat_at__lt=fresh_after).count(),
+    )
+    yield from (workers, slots, sweeper, overdue)
+
+
 def _dependencies() -> Iterator[Metric]:
     up = GaugeMetricFamily(
         "sluice_dependency_up",
@@ -233,6 +269,7 @@ class SluiceCollector:
             yield from _workspaces(views)
             yield from _admission(views)
             yield from _runs()
+            yield from _workers()
         yield GaugeMetricFamily(
             "sluice_metrics_scrape_seconds",
             "How long this page took to collect",

@@ -269,6 +269,7 @@ def evaluation_run_prepare(run: EvaluationRun) -> RunStart:
         principal_id=run.principal_id,
         invocation_id=run.invocation_id,
         run_id=str(run.pk),
+        pinned=request.scheduler.profile_version is not None,
     )
     requested = request.scheduler.enabled
     if not plan.scheduler_enabled(requested):

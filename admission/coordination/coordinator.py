@@ -158,7 +158,13 @@ class RedisCoordinator:
                 await task
         self._tasks = []
         if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+            # Writes in flight get a bounded time to land; a shutdown never waits on Redis forever
+            # (a lease left behind lapses by itself).
+            pending = list(self._background)
+            _, unfinished = await asyncio.wait(pending, timeout=self._close_grace_s())
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
         for client in (self._client, self._listen_client):
             if client is not None:
                 await client.aclose()
@@ -167,6 +173,9 @@ class RedisCoordinator:
             self._sync_client.close()
             self._sync_client = None
         self._loop = None
+
+    def _close_grace_s(self) -> float:
+        return max(1.0, 4 * self.settings.timeout_ms / 1000.0)
 
     def background(self, coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any] | None:
         """Run a coroutine on the process loop, kept referenced until it finishes.

@@ -244,6 +244,11 @@ def test_a_canary_abandoned_sends_runs_back_and_the_split_is_deterministic(
         workspace=workspace, principal_id="p", invocation_id=ids[chosen.index(True)]
     )
     assert plan.on_canary and plan.describe(requested=True)["canary"] == "v2"
+    # A run pinned to a profile revision stays on it.
+    pinned = rollout.run_plan(
+        workspace=workspace, principal_id="p", invocation_id=ids[chosen.index(True)], pinned=True
+    )
+    assert not pinned.on_canary
     plan = rollout.run_plan(
         workspace=workspace, principal_id="p", invocation_id=ids[chosen.index(False)]
     )

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import ipaddress
+from datetime import timedelta
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from admission.models import Workspace
 from config.env import SettingsError, env_networks
-from evaluator.models import EvaluationRun
+from evaluator.models import EvaluationRun, WorkerProcess
 
 TOKEN = "a-metrics-token-of-some-length"
 
@@ -61,7 +63,14 @@ def test_with_nothing_configured_nobody_reads_metrics(settings):
 
 
 @pytest.mark.django_db
-def test_in_process_admission_reports_runs_and_dependencies_only(locked, django_user_model):
+def test_in_process_admission_reports_runs_and_dependencies_only(
+    locked, django_user_model, tmp_path
+):
+    if str(locked.CELERY_BROKER_URL).startswith("filesystem://"):
+        # The embedded broker's folder exists once a worker made it; here, a folder of the test's.
+        options = dict(locked.CELERY_BROKER_TRANSPORT_OPTIONS)
+        options["data_folder_in"] = str(tmp_path)
+        locked.CELERY_BROKER_TRANSPORT_OPTIONS = options
     user = django_user_model.objects.create_user("uma")
     workspace = Workspace.objects.create(key="acme", name="Acme")
     for index, status in enumerate(["queued", "queued", "completed", "failed"]):
@@ -105,3 +114,49 @@ def test_allowed_networks_are_read_and_checked(monkeypatch):
     monkeypatch.setenv("SLUICE_METRICS_ALLOW_FROM", "10.0.0.0/8,intranet")
     with pytest.raises(SettingsError, match=r"SLUICE_METRICS_ALLOW_FROM .* got 'intranet'"):
         env_networks("SLUICE_METRICS_ALLOW_FROM")
+
+
+@pytest.mark.django_db
+def test_workers_and_the_sweeper_they_run_are_reported(locked, django_user_model):
+    def scrape() -> dict[str, list]:
+        return families(Client(REMOTE_ADDR="10.1.0.9").get("/metrics"))
+
+    found = scrape()
+    assert [s.value for s in found["sluice_sweeper_up"]] == [0]
+
+    now = timezone.now()
+    stale = now - timedelta(seconds=locked.SLUICE_RUN_STALE_SECONDS + 5)
+    for name, beat, stopped, slots in [
+        ("w-live", now, None, 64),
+        ("w-quiet", stale, None, 64),
+        ("w-gone", now, now, 64),
+        ("w-live-2", now, None, 8),
+    ]:
+        WorkerProcess.objects.create(
+            id=name,
+            hostname="h",
+            pid=1,
+            coordinated=True,
+            slots=slots,
+            heartbeat_at=beat,
+            stopped_at=stopped,
+        )
+    user = django_user_model.objects.create_user("uma")
+    workspace = Workspace.objects.create(key="acme", name="Acme")
+    for index, beat in enumerate([now, stale, stale]):
+        EvaluationRun.objects.create(
+            workspace=workspace,
+            submitted_by=user,
+            principal_id="uma",
+            invocation_id=f"inv-{index}",
+            document={},
+            status="running",
+            heartbeat_at=beat,
+        )
+
+    found = scrape()
+    workers = {s.labels["state"]: s.value for s in found["sluice_worker_processes"]}
+    assert workers == {"live": 2, "stale": 1}
+    assert [s.value for s in found["sluice_worker_slots"]] == [72]
+    assert [s.value for s in found["sluice_sweeper_up"]] == [1]
+    assert [s.value for s in found["sluice_runs_stale_running"]] == [2]

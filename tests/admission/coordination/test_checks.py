@@ -558,3 +558,18 @@ def test_fail_closed_refuses_while_redis_is_down_and_resumes(
         lease.release(success=True)
 
     run(deployment, scenario)
+
+
+def test_closing_never_waits_on_a_write_forever(deployment: Deployment) -> None:
+    process = deployment.process(register=profile(), timeout_ms=200)
+
+    async def scenario() -> None:
+        (await process.controller().acquire(request())).release(success=True)
+        stuck = asyncio.Event()
+        process.coordinator.background(stuck.wait())
+        started = time.monotonic()
+        await process.coordinator.aclose()
+        # Bounded by the close grace (four call timeouts, at least a second), not by the write.
+        assert time.monotonic() - started < 3.0
+
+    run(deployment, scenario)

@@ -199,3 +199,78 @@ def test_a_half_open_breaker_with_its_probes_out_defers_with_circuit_open(scenar
 
     s.run(body)
     assert decisions == [("admit", "admitted"), ("defer", "circuit-open"), ("admit", "admitted")]
+
+
+def test_a_success_resets_the_count_of_consecutive_failures(scenario_factory):
+    breaker = {"failureThreshold": 3, "openMs": 1000}
+    s = scenario_factory(
+        make_profile(providers={"llm": {"concurrency": 5, "circuitBreaker": breaker}})
+    )
+
+    async def body(s):
+        for i, success in enumerate([False, False, True, False, False]):
+            (await s.admit(request(budget=f"c{i}"))).release(success=success)
+        return s.controller.breaker_transitions()
+
+    # Never three failures in a row: the breaker stays closed.
+    assert s.run(body) == []
+
+
+def test_closing_the_breaker_wakes_every_lane_waiting_on_the_provider(scenario_factory):
+    breaker = {"failureThreshold": 1, "openMs": 100, "halfOpenMaxCalls": 1}
+    s = scenario_factory(
+        make_profile(
+            providers={"llm": {"concurrency": 5, "circuitBreaker": breaker}},
+            principals={p: {"concurrency": 5} for p in ("alice", "bob", "carol")},
+        )
+    )
+
+    async def body(s):
+        (await s.admit(request(budget="f"))).release(success=False)
+        await asyncio.sleep(0.1)
+        probe = await s.admit(request("alice", budget="probe"))
+        waiting = [s.start(request(p, budget=f"w-{p}")) for p in ("alice", "bob", "carol")]
+        await s.settle()
+        probe.release(success=True)
+        await s.settle()
+        admitted = [task.done() for task in waiting]
+        for task in waiting:
+            (await task).release(success=True)
+        return admitted
+
+    assert s.run(body) == [True, True, True]
+
+
+def test_a_half_open_breaker_admits_exactly_its_probe_calls(scenario_factory):
+    breaker = {"failureThreshold": 1, "openMs": 100, "halfOpenMaxCalls": 2}
+    s = scenario_factory(
+        make_profile(providers={"llm": {"concurrency": 5, "circuitBreaker": breaker}})
+    )
+
+    async def body(s):
+        (await s.admit(request(budget="f"))).release(success=False)
+        await asyncio.sleep(0.1)
+        calls = [s.start(request(budget=f"p{i}")) for i in range(3)]
+        await s.settle()
+        admitted = [task.done() for task in calls]
+        for task in calls[:2]:
+            (await task).release(success=None)
+        calls[2].cancel()
+        return admitted
+
+    assert s.run(body) == [True, True, False]
+
+
+def test_an_admission_is_reported_with_its_evidence(scenario_factory):
+    s = scenario_factory()
+    events = []
+    s.registry.on_decision(events.append)
+
+    async def body(s):
+        lease = await s.admit(request(budget="a"))
+        lease.release()
+        return lease.evidence
+
+    evidence = s.run(body)
+    assert (evidence.decision, evidence.reason) == ("admit", "admitted")
+    assert [(e.decision, e.reason, e.evidence) for e in events] == [("admit", "admitted", evidence)]

@@ -296,3 +296,26 @@ def test_rejection_helper_reports_type(scenario_factory):
         assert rejection_of(task).reason == "unconfigured-principal"
 
     s.run(body)
+
+
+def test_actual_figures_at_release_correct_the_invocation_budgets(scenario_factory):
+    s = scenario_factory(
+        make_profile(
+            providers={"llm": {"concurrency": 10, "maxTokens": 100}},
+            principals={"alice": {"concurrency": 10, "maxCostUsd": 1.0}},
+        )
+    )
+
+    async def body(s):
+        # Estimated 80 tokens and $0.80; the provider reports no tokens and $0.25.
+        lease = await s.admit(request(budget="inv", tokens=80, cost_usd=0.8))
+        lease.release(actual_tokens=0, actual_cost_usd=0.25)
+        # Estimated no tokens; 10 were used.
+        (await s.admit(request(budget="inv", tokens=0, cost_usd=0.0))).release(actual_tokens=10)
+        # Left: 90 tokens (provider budget) and $0.75 (principal budget), to the unit.
+        over_tokens = (await s.reject(request(budget="inv", tokens=91, cost_usd=0.0))).reason
+        over_cost = (await s.reject(request(budget="inv", tokens=0, cost_usd=0.76))).reason
+        (await s.admit(request(budget="inv", tokens=90, cost_usd=0.75))).release()
+        return over_tokens, over_cost
+
+    assert s.run(body) == ("tokens", "cost")

@@ -263,3 +263,32 @@ def test_CNC_ADMIT_RESERVE_001_every_unreserved_permit_is_usable_at_once(scenari
         return [lease.evidence.queue_delay_ms for lease in held], waiting
 
     assert s.run(body) == ([0, 0], True)
+
+
+@pytest.mark.parametrize("pool", ["workspace", "provider"])
+def test_CNC_ADMIT_RESERVE_001_a_reservation_given_back_is_held_back_again(scenario_factory, pool):
+    three = {"concurrency": 3}
+    s = scenario_factory(
+        make_profile(
+            workspace=three if pool == "workspace" else {"concurrency": 10},
+            providers={"llm": three if pool == "provider" else {"concurrency": 10}},
+            principals={
+                "noisy": {"concurrency": 10},
+                "quiet": {"concurrency": 2, "reservedConcurrency": 1},
+            },
+        )
+    )
+
+    async def body(s):
+        (await s.admit(request("quiet", budget="q"))).release()
+        held = [await s.admit(request("noisy", budget=f"n{i}")) for i in range(2)]
+        third = s.start(request("noisy", budget="n2"))
+        await s.settle()
+        waiting = not third.done()
+        third.cancel()
+        for lease in held:
+            lease.release()
+        return waiting
+
+    # Quiet's permit is unused again, so noisy still gets two of the three.
+    assert s.run(body) is True

@@ -409,3 +409,59 @@ def test_every_permit_cap_defers_with_the_reason_concurrency(
 
     s.run(body)
     assert decisions == [("admit", "admitted"), ("defer", "concurrency"), ("admit", "admitted")]
+
+
+@pytest.mark.parametrize("arrival_ms", range(30, 46))
+def test_CNC_ADMIT_019_a_new_lane_goes_next_after_many_turns(scenario_factory, arrival_ms):
+    # Two lanes alternate for sixty turns (the controller's heap of turns is swept of stale
+    # entries on the way); a third principal who arrives meanwhile has never been served, so
+    # it goes next, whenever it arrives.
+    s = scenario_factory(
+        make_profile(
+            workspace={"concurrency": 1},
+            principals={p: {"concurrency": 5} for p in ("a", "b", "c")},
+        )
+    )
+
+    async def body(s: Scenario) -> tuple[int, list[str]]:
+        served: list[str] = []
+        tasks = [
+            asyncio.ensure_future(_call(s, served, p, f"{p}{i}"))
+            for i in range(30)
+            for p in ("a", "b")
+        ]
+        await asyncio.sleep((arrival_ms + 0.5) / 1000)
+        arrived_after = len(served)
+        tasks.append(asyncio.ensure_future(_call(s, served, "c", "c0")))
+        await asyncio.gather(*tasks)
+        return served.index("c") - arrived_after, [p for p in served if p != "c"]
+
+    assert s.run(body) == (0, ["a", "b"] * 30)
+
+
+def test_a_waiter_deferred_again_for_the_same_reason_is_reported_once(scenario_factory):
+    def profile(version: str):
+        return make_profile(version=version, principals={"alice": {"concurrency": 1}})
+
+    s = scenario_factory(profile("v1"))
+    defers: list[tuple[str, str]] = []
+    s.registry.on_decision(
+        lambda event: (
+            defers.append((event.reason, event.request.budget_id))
+            if event.decision == "defer"
+            else None
+        )
+    )
+
+    async def body(s: Scenario) -> None:
+        held = await s.admit(request(budget="h"))
+        waiting = s.start(request(budget="w"))
+        await s.settle()
+        # The new profile revalidates the waiter, which is deferred again on the same permit.
+        s.registry.register(profile("v2"))
+        await s.settle()
+        held.release()
+        (await waiting).release()
+
+    s.run(body)
+    assert defers == [("concurrency", "w")]
