@@ -363,3 +363,14 @@ def wait_for(condition: Callable[[], bool], timeout: float, message: str) -> Non
             return
         time.sleep(0.05)
     raise AssertionError(f"{message} within {timeout} s")
+
+
+def admission_redis_env(deployment: Deployment) -> dict[str, str]:
+    """Full mode shares admission through the broker's Redis; with RabbitMQ as the broker the
+    admission Redis is named apart (CI's RabbitMQ pass), so full mode is always coordinated."""
+    if deployment.mode != "full" or deployment.env["CELERY_BROKER_URL"].startswith("redis"):
+        return {}
+    url = os.environ.get("SLUICE_TEST_ADMISSION_REDIS_URL", "redis://127.0.0.1:6379/0")
+    if not _reachable(url, 6379):
+        pytest.skip(f"no Redis for deployment-wide admission at {url}")
+    return {"SLUICE_ADMISSION_REDIS_URL": url}

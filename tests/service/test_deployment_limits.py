@@ -9,14 +9,13 @@ request every 3 s), and both worker instances run several evaluations at once.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from evaluator.forms import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import _reachable
+from .conftest import admission_redis_env
 
 pytestmark = pytest.mark.celery
 
@@ -46,16 +45,6 @@ print(services.profile_version_activate(version=version, actor=approver).kind)
 """
 
 
-def _admission_redis(deployment) -> dict[str, str]:
-    """Admission shares the broker's Redis; with RabbitMQ as the broker it is named apart."""
-    if deployment.env["CELERY_BROKER_URL"].startswith("redis"):
-        return {}
-    url = os.environ.get("SLUICE_TEST_ADMISSION_REDIS_URL", "redis://127.0.0.1:6379/0")
-    if not _reachable(url, 6379):
-        pytest.skip(f"no Redis for deployment-wide admission at {url}")
-    return {"SLUICE_ADMISSION_REDIS_URL": url}
-
-
 @pytest.mark.parametrize("mode", ["full"], indirect=True)
 def test_two_worker_instances_share_one_concurrency_and_one_rate(deployment):
     runs, decisions = 5, 5
@@ -67,7 +56,7 @@ def test_two_worker_instances_share_one_concurrency_and_one_rate(deployment):
                 {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
             )
         }
-        env.update(_admission_redis(deployment))
+        env.update(admission_redis_env(deployment))
         deployment.django(ACTIVATE_LIMITS)
         deployment.start_web(env)
         for _ in range(2):

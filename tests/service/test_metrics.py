@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from evaluator.forms import example_request
 
-from .conftest import wait_for
+from .conftest import admission_redis_env, wait_for
 
 pytestmark = pytest.mark.celery
 
@@ -46,6 +46,7 @@ def test_metrics_after_an_evaluation_show_the_deployment_without_ids(deployment)
         "ghost": {"kind": "fake", "latencyMs": 5},
     }
     env = {"SLUICE_ADAPTERS": json.dumps(adapters), "SLUICE_METRICS_TOKEN": TOKEN}
+    env.update(admission_redis_env(deployment))
     deployment.start_web(env)
     deployment.start_worker(env)
 
