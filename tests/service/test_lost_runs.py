@@ -23,8 +23,7 @@ from evaluator.forms import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivatePostgres, PrivateRedis
 
-from .conftest import TERMINAL, Deployment, full_mode_urls, wait_for
-from .test_deployment_limits import _admission_redis
+from .conftest import TERMINAL, Deployment, admission_redis_env, full_mode_urls, wait_for
 
 pytestmark = pytest.mark.celery
 
@@ -216,7 +215,7 @@ def test_a_worker_main_process_sigkilled_its_runs_run_elsewhere(
     try:
         _use(deployment, provider)
         # Two workers share admission through Redis (with RabbitMQ as the broker, named apart).
-        deployment.env.update(_admission_redis(deployment))
+        deployment.env.update(admission_redis_env(deployment))
         deployment.setup()
         deployment.start_web()
         doomed = deployment.start_worker({"SLUICE_WORKER_SLOTS": "3"})
