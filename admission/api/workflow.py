@@ -9,6 +9,8 @@ when the workspace's state does not allow it now.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from django.db.models import QuerySet
@@ -79,6 +81,15 @@ def _refuse(error: Exception) -> APIException:
         field = getattr(error, "field", None) or "non_field_errors"
         return ValidationError({field: [str(error)]})
     return Refused(error)
+
+
+@contextlib.contextmanager
+def _service_refusals() -> Iterator[None]:
+    """A service's refusal raised inside leaves as the API's typed error."""
+    try:
+        yield
+    except services.ProfileServiceError as error:
+        raise _refuse(error) from error
 
 
 # ------------------------------------------------------------------------ serializers
@@ -365,15 +376,13 @@ class ProfileApproveView(_VersionActionView):
         payload = ApproveSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         version = self.get_version()
-        try:
+        with _service_refusals():
             services.profile_version_approve(
                 version=version,
                 approver=_caller(request),
                 checklist=payload.validated_data["checklist"],
                 comment=payload.validated_data["comment"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(self.represent(version))
 
 
@@ -401,15 +410,13 @@ class ProfileRejectView(_VersionActionView):
         payload = RejectSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         version = self.get_version()
-        try:
+        with _service_refusals():
             services.profile_version_reject(
                 version=version,
                 approver=_caller(request),
                 checklist=payload.validated_data.get("checklist") or {},
                 comment=payload.validated_data["comment"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(self.represent(version))
 
 
@@ -440,10 +447,8 @@ class ProfileActivateView(_VersionActionView):
 
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         version = self.get_version()
-        try:
+        with _service_refusals():
             record = services.profile_version_activate(version=version, actor=_caller(request))
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(ProfileChangeRecordSerializer(record).data, status=status.HTTP_201_CREATED)
 
 
@@ -490,15 +495,13 @@ class RollbackListView(WorkspaceScopedView, generics.ListAPIView):
             raise ValidationError({"target": ["names no profile version of this workspace"]})
         if not payload.validated_data["reason"].strip():
             raise ValidationError({"reason": ["say why the rollback is needed"]})
-        try:
+        with _service_refusals():
             created = services.rollback_request_create(
                 workspace=workspace,
                 target=target,
                 requested_by=_caller(request),
                 reason=payload.validated_data["reason"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(RollbackRequestSerializer(created).data, status=status.HTTP_201_CREATED)
 
 
@@ -533,14 +536,12 @@ class RollbackApproveView(_RollbackActionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = CommentSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
+        with _service_refusals():
             record = services.rollback_request_approve(
                 request=self.get_rollback(),
                 approver=_caller(request),
                 comment=payload.validated_data["comment"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(ProfileChangeRecordSerializer(record).data, status=status.HTTP_201_CREATED)
 
 
@@ -558,14 +559,12 @@ class RollbackRejectView(_RollbackActionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = RejectCommentSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
+        with _service_refusals():
             decided = services.rollback_request_reject(
                 request=self.get_rollback(),
                 approver=_caller(request),
                 comment=payload.validated_data["comment"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(RollbackRequestSerializer(decided).data)
 
 
@@ -635,15 +634,13 @@ class SchedulingView(WorkspaceScopedView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = SchedulingSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
+        with _service_refusals():
             rollout.parallel_scheduling_set(
                 workspace=self.get_workspace(),
                 actor=_caller(request),
                 allowed=payload.validated_data["enabled"],
                 reason=payload.validated_data["reason"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(self._state())
 
 
@@ -702,14 +699,12 @@ class ShadowView(_SessionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ShadowStartSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
+        with _service_refusals():
             rollout.shadow_start(
                 version=self.version(payload.validated_data["version"]),
                 actor=_caller(request),
                 reason=payload.validated_data["reason"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(self.state(), status=status.HTTP_201_CREATED)
 
 
@@ -727,14 +722,12 @@ class ShadowStopView(_SessionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReasonSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
+        with _service_refusals():
             event = rollout.shadow_stop(
                 workspace=self.get_workspace(),
                 actor=_caller(request),
                 reason=payload.validated_data["reason"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(RolloutEventSerializer(event).data)
 
 
@@ -776,7 +769,7 @@ class CanaryView(_CanaryMixin, _SessionView):
         payload = CanaryStartSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        try:
+        with _service_refusals():
             rollout.canary_start(
                 version=self.version(data["version"]),
                 actor=_caller(request),
@@ -784,8 +777,6 @@ class CanaryView(_CanaryMixin, _SessionView):
                 fraction=data["fraction"],
                 reason=data["reason"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(self.state(), status=status.HTTP_201_CREATED)
 
 
@@ -803,14 +794,12 @@ class CanaryPromoteView(_CanaryMixin, _SessionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReasonSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
+        with _service_refusals():
             _event, record = rollout.canary_promote(
                 workspace=self.get_workspace(),
                 actor=_caller(request),
                 reason=payload.validated_data["reason"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(ProfileChangeRecordSerializer(record).data)
 
 
@@ -828,14 +817,12 @@ class CanaryAbandonView(_CanaryMixin, _SessionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReasonSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
+        with _service_refusals():
             event = rollout.canary_abandon(
                 workspace=self.get_workspace(),
                 actor=_caller(request),
                 reason=payload.validated_data["reason"],
             )
-        except services.ProfileServiceError as error:
-            raise _refuse(error) from error
         return Response(RolloutEventSerializer(event).data)
 
 
