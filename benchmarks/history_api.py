@@ -11,33 +11,19 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
-import secrets
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-# A throwaway deployment on loopback: a key of its own, plain HTTP.
-os.environ.setdefault("DJANGO_SECRET_KEY", "benchmark-" + secrets.token_urlsafe(48))
-os.environ.setdefault("DJANGO_HTTPS", "0")
+from django_setup import configure, throwaway_database
+
 # Figures of the view itself, not of the API's throttles.
-os.environ.setdefault("SLUICE_THROTTLE_USER", "off")
-os.environ.setdefault("SLUICE_THROTTLE_WORKSPACE", "off")
-
-import django
-
-django.setup()
+configure(SLUICE_THROTTLE_USER="off", SLUICE_THROTTLE_WORKSPACE="off")
 
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.test.utils import (  # noqa: E402
     CaptureQueriesContext,
-    setup_test_environment,
-    teardown_test_environment,
 )
 
 from admission.models import (  # noqa: E402
@@ -149,9 +135,7 @@ def main() -> None:
     parser.add_argument("--page-sizes", type=int, nargs="+", default=[10, 50, 200])
     args = parser.parse_args()
 
-    setup_test_environment()
-    database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with throwaway_database() as database:
         seed(args.records)
         client = Client()
         client.force_login(get_user_model().objects.get(username="bench-reader"))
@@ -172,9 +156,6 @@ def main() -> None:
                     f"{name:<14}{size:>6}{figures['rows']:>6}{figures['p50']:>10.2f}"
                     f"{figures['p95']:>10.2f}{figures['queries']:>9}"
                 )
-    finally:
-        connection.creation.destroy_test_db(database, verbosity=0)
-        teardown_test_environment()
 
 
 if __name__ == "__main__":

@@ -22,31 +22,22 @@ import asyncio
 import os
 import secrets
 import statistics
-import sys
 import time
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("DJANGO_SECRET_KEY", "benchmark-" + secrets.token_urlsafe(48))
-os.environ.setdefault("DJANGO_HTTPS", "0")
-os.environ.setdefault("SLUICE_ADMISSION_REDIS_URL", "redis://127.0.0.1:6379/0")
+from django_setup import configure, throwaway_database
+
 PREFIX = f"sluice-bench-{uuid.uuid4().hex[:8]}"
 os.environ["SLUICE_ADMISSION_KEY_PREFIX"] = PREFIX
 TOKEN = secrets.token_urlsafe(24)
 os.environ["SLUICE_METRICS_TOKEN"] = TOKEN
-
-import django  # noqa: E402
-
-django.setup()
+configure(SLUICE_ADMISSION_REDIS_URL="redis://127.0.0.1:6379/0")
 
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
-from django.test.utils import setup_test_environment, teardown_test_environment  # noqa: E402
 
 from admission import runtime, services  # noqa: E402
 from admission.core import AdmissionRegistry, AdmissionRequest, Estimate  # noqa: E402
@@ -170,26 +161,23 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=50)
     args = parser.parse_args()
 
-    setup_test_environment()
-    database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
     client = redis.Redis.from_url(settings.SLUICE_ADMISSION_REDIS_URL)
-    try:
-        started = time.perf_counter()
-        seed(args.principals, args.workspaces)
-        print(
-            f"/metrics on {connection.vendor}, admission in Redis; {args.principals:,} principals "
-            f"in the demo workspace and {args.workspaces} more workspaces "
-            f"(seeded in {time.perf_counter() - started:.1f} s)"
-        )
-        _report("GET /metrics", measure(args.repeat))
-        dashboard(args.repeat)
-    finally:
-        keys = list(client.scan_iter(f"{PREFIX}:*", count=1000))
-        for start in range(0, len(keys), 1000):
-            client.delete(*keys[start : start + 1000])
-        client.close()
-        connection.creation.destroy_test_db(database, verbosity=0)
-        teardown_test_environment()
+    with throwaway_database():
+        try:
+            started = time.perf_counter()
+            seed(args.principals, args.workspaces)
+            print(
+                f"/metrics on {connection.vendor}, admission in Redis; {args.principals:,} "
+                f"principals in the demo workspace and {args.workspaces} more workspaces "
+                f"(seeded in {time.perf_counter() - started:.1f} s)"
+            )
+            _report("GET /metrics", measure(args.repeat))
+            dashboard(args.repeat)
+        finally:
+            keys = list(client.scan_iter(f"{PREFIX}:*", count=1000))
+            for start in range(0, len(keys), 1000):
+                client.delete(*keys[start : start + 1000])
+            client.close()
 
 
 if __name__ == "__main__":

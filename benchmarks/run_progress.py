@@ -17,24 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import secrets
 import statistics
-import sys
 import time
 import uuid
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("DJANGO_SECRET_KEY", "benchmark-" + secrets.token_urlsafe(48))
-os.environ.setdefault("DJANGO_HTTPS", "0")
-os.environ.setdefault("SLUICE_THROTTLE_USER", "off")
-os.environ.setdefault("SLUICE_THROTTLE_WORKSPACE", "off")
+from django_setup import configure, throwaway_database
 
-import django
-
-django.setup()
+configure(SLUICE_THROTTLE_USER="off", SLUICE_THROTTLE_WORKSPACE="off")
 
 from asgiref.sync import sync_to_async  # noqa: E402
 from django.contrib.auth import get_user_model  # noqa: E402
@@ -42,8 +32,6 @@ from django.db import connection, connections  # noqa: E402
 from django.test import Client  # noqa: E402
 from django.test.utils import (  # noqa: E402
     CaptureQueriesContext,
-    setup_test_environment,
-    teardown_test_environment,
 )
 from django.utils import timezone  # noqa: E402
 
@@ -200,9 +188,7 @@ def main() -> None:
     parser.add_argument("--cancels", type=int, default=20)
     args = parser.parse_args()
 
-    setup_test_environment()
-    database = connection.creation.create_test_db(verbosity=0, autoclobber=True)
-    try:
+    with throwaway_database() as database:
         reader = get_user_model().objects.create_user("bench-reader")
         workspace = Workspace.objects.create(key="bench", name="Benchmark")
         workspace.members.add(reader)
@@ -230,9 +216,6 @@ def main() -> None:
             f"\ncancel request → signal fired, check every {cancel_watch.check_interval():g} s, "
             f"{len(latencies)} runs: p50 {p50:.2f} s, p95 {p95:.2f} s, max {max(latencies):.2f} s"
         )
-    finally:
-        connection.creation.destroy_test_db(database, verbosity=0)
-        teardown_test_environment()
 
 
 if __name__ == "__main__":

@@ -26,8 +26,6 @@ import argparse
 import datetime as dt
 import json
 import logging
-import os
-import secrets
 import signal
 import sys
 import tempfile
@@ -36,17 +34,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-# A throwaway deployment on loopback: a key of its own, plain HTTP.
-os.environ.setdefault("DJANGO_SECRET_KEY", "benchmark-" + secrets.token_urlsafe(48))
-os.environ.setdefault("DJANGO_HTTPS", "0")
-
 import _pytest.outcomes
-import django
+from django_setup import configure
 
 # The example request lives in a module that imports models.
-django.setup()
+configure()
 # Figures only: one log line per polling request would bury them.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
