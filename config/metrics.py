@@ -22,7 +22,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Min
+from django.db.models import Count, Min, Q, Sum
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
@@ -212,15 +212,17 @@ def _workers() -> Iterator[Metric]:
         "Worker processes that have not stopped, by whether their heartbeat is fresh",
         labels=["state"],
     )
-    running = WorkerProcess.objects.filter(stopped_at__isnull=True)
-    live = running.filter(heartbeat_at__gte=fresh_after)
-    live_count = live.count()
+    fresh = Q(heartbeat_at__gte=fresh_after)
+    counted = WorkerProcess.objects.filter(stopped_at__isnull=True).aggregate(
+        running=Count("id"), live=Count("id", filter=fresh), slots=Sum("slots", filter=fresh)
+    )
+    live_count = counted["live"]
     workers.add_metric(["live"], live_count)
-    workers.add_metric(["stale"], running.count() - live_count)
+    workers.add_metric(["stale"], counted["running"] - live_count)
     slots = GaugeMetricFamily(
         "sluice_worker_slots", "Evaluations the live worker processes may run at once"
     )
-    slots.add_metric([], sum(live.values_list("slots", flat=True)))
+    slots.add_metric([], counted["slots"] or 0)
     sweeper = GaugeMetricFamily(
         "sluice_sweeper_up", "1 while at least one live worker process sweeps the backlog"
     )
