@@ -12,7 +12,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# The load harness's compiled modules (evaluator/harness/native.py): rebuilt when a compiled
+# module's source changes. Without a C compiler the harness runs the same modules as Python.
+NATIVE := build/native/stamp.json
+NATIVE_SOURCES := $(wildcard admission/core/*.py) evaluator/harness/arrivals.py evaluator/harness/native.py
+
+$(NATIVE): $(STAMP) $(NATIVE_SOURCES)
+	$(BIN)/python -m evaluator.harness.native build || echo "the load harness will run its modules as Python"
+
+install: $(STAMP) $(NATIVE)
 
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
@@ -48,4 +56,4 @@ evidence: install
 	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v1.json --target evaluator --write-evidence
 
 clean:
-	rm -rf $(VENV) var .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) var build .pytest_cache .mypy_cache .ruff_cache .hypothesis

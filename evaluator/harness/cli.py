@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import LoadManifest, load_manifest
+from evaluator.harness.native import compiled_in_use
 from evaluator.harness.records import MODE_STAGED
 from evaluator.harness.service import (
     LOAD_TARGETS,
@@ -144,6 +145,11 @@ def main(
     err = stderr or sys.stderr
     parser = argparse.ArgumentParser(prog="python -m evaluator.harness", description=DESCRIPTION)
     add_arguments(parser)
+    parser.add_argument(
+        "--pure",
+        action="store_true",
+        help="run the admission core as Python even when a compiled build matches the sources",
+    )
     options = parser.parse_args(argv)
     destinations = [Path(options.output)] if options.output else []
     try:
@@ -167,6 +173,7 @@ def main(
         write_record(record, destination)
     for _style, line in summary_lines(record):
         summary.write(line + "\n")
+    summary.write(f"admission core: {'compiled (mypyc)' if compiled_in_use() else 'Python'}\n")
     for destination in destinations:
         summary.write(f"wrote {destination}\n")
     if not destinations:
