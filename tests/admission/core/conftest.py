@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from admission.core import (
     AdmissionRegistry,
@@ -20,6 +22,22 @@ from admission.core import (
 )
 
 WORKSPACE = "ws-1"
+
+
+def examples(count: int) -> int:
+    """``count`` Hypothesis examples, times ``SLUICE_HYPOTHESIS_SCALE`` (default 1).
+
+    The mutation run (docs/admission-core.md) sets a fraction: it runs the core's tests once per
+    mutant, and the property tests' full example counts would make it take hours.
+    """
+    scale = float(os.environ.get("SLUICE_HYPOTHESIS_SCALE", "1"))
+    return max(10, round(count * scale))
+
+
+if "SLUICE_HYPOTHESIS_SCALE" in os.environ:
+    # Tests that name no count run Hypothesis's default 100, scaled the same way.
+    settings.register_profile("scaled", max_examples=examples(100))
+    settings.load_profile("scaled")
 
 
 def profile_doc(

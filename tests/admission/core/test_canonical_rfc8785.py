@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 
 from admission.core.canonical import canonical_json
 
+from .conftest import examples
+
 SAFE = 2**53 - 1
 text = st.text(st.characters(exclude_categories=("Cs",)), max_size=12)
 scalars = (
@@ -31,7 +33,7 @@ documents = st.recursive(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(documents)
 def test_canonical_json_agrees_with_rfc8785_on_random_documents(document):
     assert canonical_json(document).encode("utf-8") == rfc8785.dumps(document)

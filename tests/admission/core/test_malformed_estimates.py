@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from admission.core import AdmissionRejected
 
-from .conftest import Scenario, make_profile, request
+from .conftest import Scenario, examples, make_profile, request
 
 FIELDS = ("tokens", "cost_usd", "request_bytes", "items", "attempts", "batch_size", "retained_work")
 
@@ -25,7 +25,7 @@ junk = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(field=st.sampled_from(FIELDS), value=junk, busy=st.booleans())
 def test_any_malformed_estimate_field_rejects_before_any_queue_slot(field, value, busy):
     if field == "cost_usd" and isinstance(value, float) and math.isfinite(value) and value >= 0:

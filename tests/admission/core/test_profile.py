@@ -13,6 +13,8 @@ from admission.core.canonical import sha256_digest
 from admission.core.errors import InvalidProfileError
 from admission.core.limits import BreakerConfig, Limits, Profile
 
+from .conftest import examples
+
 MANIFEST_V2 = json.loads(
     (Path(__file__).resolve().parents[3] / "manifests" / "load-manifest.v2.json").read_text()
 )
@@ -631,14 +633,14 @@ def _assert_parses_or_raises_invalid(doc):
     assert again.digest == profile.digest
 
 
-@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_documents())
 def test_malformed_profile_mutations_raise_only_invalid_profile_error(doc):
     """A malformed profile (mutated v2 document) parses or raises InvalidProfileError only."""
     _assert_parses_or_raises_invalid(doc)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), suppress_health_check=[HealthCheck.too_slow])
 @given(
     _json_like(KEYS)
     | st.fixed_dictionaries({key: _json_like(KEYS) for key in SECTIONS})

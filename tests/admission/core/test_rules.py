@@ -29,7 +29,7 @@ from admission.core.rules import (
     valid_count,
 )
 
-from .conftest import WORKSPACE, request
+from .conftest import WORKSPACE, examples, request
 
 
 def reference(figures: Any, scopes: tuple[Limits, ...]) -> str | None:
@@ -115,7 +115,7 @@ figures_strategy = st.builds(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(figures_strategy, st.tuples(limits_strategy, limits_strategy, limits_strategy))
 def test_CNC_ADMIT_009_gate_and_ordered_scan_agree_with_the_documented_order(figures, scopes):
     expected = reference(figures, scopes)
@@ -133,7 +133,7 @@ def _profile(workspace: Limits, provider: Limits, principal: Limits) -> Profile:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     figures_strategy,
     st.tuples(limits_strategy, limits_strategy, limits_strategy),

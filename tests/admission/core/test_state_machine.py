@@ -17,7 +17,7 @@ from admission.core import (
     VirtualTimeLoop,
 )
 
-from .conftest import request
+from .conftest import examples, request
 
 PRINCIPALS = ("quiet", "noisy", "reserved")
 PROVIDERS = ("alpha", "beta")
@@ -253,7 +253,7 @@ class ControllerMachine(RuleBasedStateMachine):
 
 
 ControllerMachine.TestCase.settings = settings(
-    max_examples=150,
+    max_examples=examples(150),
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
