@@ -257,3 +257,41 @@ def test_a_wake_passed_on_in_the_next_pump_reaches_a_lane_parked_in_an_earlier_o
         (await a_task).release()
 
     s.run(body)
+
+
+def test_a_lane_returning_after_its_turn_still_ranks_by_when_it_was_last_served(
+    scenario_factory,
+):
+    # llm takes one call at a time; w can hold only one permit at all.
+    profile = make_profile(
+        providers={"llm": {"concurrency": 1}, "other": {"concurrency": 10}},
+        principals={p: {"concurrency": 4} for p in ("x", "d")} | {"w": {"concurrency": 1}},
+    )
+    s = scenario_factory(profile)
+
+    async def body(s):
+        # w waits for llm behind its own permit elsewhere, for the whole test: the oldest waiter.
+        w_elsewhere = await s.admit(request("w", "other", budget="w1"))
+        w_waiting = s.start(request("w", budget="w2"))
+        await s.settle()
+        x_first = await s.admit(request("x", budget="x1"))
+        d_tasks = [s.start(request("d", budget=f"d{n}")) for n in range(2)]
+        await s.settle()
+        x_first.release()
+        await s.settle()
+        d_first = d_tasks[0].result()
+        # x comes back after d was served: x was served before d, so x goes before d's next.
+        x_again = s.start(request("x", budget="x2"))
+        await s.settle()
+        d_first.release()
+        await s.settle()
+        order = [name for name, task in (("x", x_again), ("d", d_tasks[1])) if task.done()]
+        first, second = (x_again, d_tasks[1]) if x_again.done() else (d_tasks[1], x_again)
+        first.result().release()
+        await s.settle()
+        second.result().release()
+        w_elsewhere.release()
+        (await w_waiting).release()
+        return order
+
+    assert s.run(body) == ["x"]
