@@ -11,6 +11,8 @@ import asyncio
 
 import pytest
 
+from admission.core import AdmissionRegistry, VirtualTimeLoop
+
 from .conftest import make_profile, request
 
 
@@ -295,3 +297,28 @@ def test_a_lane_returning_after_its_turn_still_ranks_by_when_it_was_last_served(
         return order
 
     assert s.run(body) == ["x"]
+
+
+def test_principals_without_budgets_are_forgotten_once_idle_beyond_the_bound():
+    # Memory stays bounded by max_idle_scopes even for principals that keep no budgets (their
+    # only chance to be noted idle is the release of their last permit).
+    names = [f"p{n}" for n in range(40)]
+    loop = VirtualTimeLoop()
+    registry = AdmissionRegistry(clock=loop.clock, max_idle_scopes=2)
+    controller = registry.register(
+        make_profile(principals={name: {"concurrency": 1} for name in names})
+    )
+
+    async def body():
+        for name in names:
+            lease = await controller.acquire(request(name, budget=f"inv-{name}"))
+            lease.release(success=True)
+            controller.release_budget(f"inv-{name}")
+        return len(controller._principals)
+
+    try:
+        # The first two went idle before there was a crowd, so they were never noted idle; of
+        # the thirty-eight after them, no more than the bound is kept.
+        assert loop.run_until_complete(body()) <= 2 + 2
+    finally:
+        loop.close()
