@@ -12,9 +12,9 @@ import random
 
 import pytest
 
-from admission.core import AdmissionRegistry, AdmissionRejected, VirtualTimeLoop
+from admission.core import AdmissionRegistry, Profile, VirtualTimeLoop
 
-from .conftest import make_profile, rejection_of, request
+from .conftest import make_profile, profile_doc, rejection_of, request
 
 
 def _listen(s):
@@ -354,3 +354,298 @@ def test_when_the_head_times_out_the_next_waiter_is_considered_at_once(scenario_
         held.release()
 
     s.run(body)
+
+
+# -------------------------------------------------------------- forgetting idle principals
+
+
+def _crowd(count: int, **limits):
+    names = [f"p{n}" for n in range(count)]
+    principals = {name: {"concurrency": 1, **limits} for name in names}
+    principals["holder"] = {"concurrency": 1}
+    return names, make_profile(providers={"llm": {"concurrency": 1}}, principals=principals)
+
+
+def _bounded_registry(max_idle_scopes: int):
+    loop = VirtualTimeLoop()
+    return loop, AdmissionRegistry(clock=loop.clock, max_idle_scopes=max_idle_scopes)
+
+
+def test_principals_whose_waiters_are_cancelled_are_forgotten_beyond_the_bound():
+    names, profile = _crowd(30)
+    loop, registry = _bounded_registry(2)
+    controller = registry.register(profile)
+
+    async def body():
+        held = await controller.acquire(request("holder", budget="h"))
+        for name in names:
+            task = loop.create_task(controller.acquire(request(name, budget=f"inv-{name}")))
+            await asyncio.sleep(0)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        kept = set(controller._principals)
+        held.release()
+        return kept
+
+    try:
+        kept = loop.run_until_complete(body())
+    finally:
+        loop.close()
+    # The holder (busy all along) and no more than the bound of idle ones, plus the last noted.
+    assert "holder" in kept
+    assert len(kept) <= 1 + 2 + 1
+
+
+def test_principals_whose_waiters_time_out_are_forgotten_beyond_the_bound():
+    names, profile = _crowd(30, maxQueueWaitMs=10)
+    loop, registry = _bounded_registry(2)
+    controller = registry.register(profile)
+
+    async def body():
+        held = await controller.acquire(request("holder", budget="h"))
+        for name in names:
+            task = loop.create_task(controller.acquire(request(name, budget=f"inv-{name}")))
+            await asyncio.sleep(0.02)
+            assert rejection_of(task).reason == "queue-timeout"
+        kept = set(controller._principals)
+        held.release()
+        return kept
+
+    try:
+        kept = loop.run_until_complete(body())
+    finally:
+        loop.close()
+    assert "holder" in kept
+    assert len(kept) <= 1 + 2 + 1
+
+
+def test_released_budgets_let_idle_principals_be_forgotten():
+    names = [f"p{n}" for n in range(30)]
+    loop, registry = _bounded_registry(2)
+    controller = registry.register(
+        make_profile(principals={name: {"concurrency": 1, "maxAttempts": 3} for name in names})
+    )
+
+    async def body():
+        leases = [await controller.acquire(request(name, budget=f"inv-{name}")) for name in names]
+        for lease in leases:
+            lease.release()  # each still keeps its budget: nobody can be forgotten yet
+        assert len(controller._principals) == len(names)
+        for name in names:
+            controller.release_budget(f"inv-{name}")
+        return len(controller._principals)
+
+    try:
+        # Each note looks at two candidates at most, so a few of the entries re-queued while
+        # budgets were held linger: the bound and three more, not thirty.
+        assert loop.run_until_complete(body()) <= 2 + 3
+    finally:
+        loop.close()
+
+
+def test_a_principal_that_still_waits_or_holds_is_never_forgotten():
+    names, profile = _crowd(20)
+    loop, registry = _bounded_registry(1)
+    controller = registry.register(profile)
+
+    async def body():
+        held = await controller.acquire(request("holder", budget="h"))
+        stays = loop.create_task(controller.acquire(request("p0", budget="stay")))
+        await asyncio.sleep(0)
+        for name in names[1:]:
+            task = loop.create_task(controller.acquire(request(name, budget=f"inv-{name}")))
+            await asyncio.sleep(0)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        assert {"holder", "p0"} <= set(controller._principals)
+        assert controller.snapshot("p0") == (0, 1)
+        held.release()
+        await asyncio.sleep(0)
+        lease = await stays
+        assert controller.snapshot("p0") == (1, 0)
+        lease.release()
+
+    try:
+        loop.run_until_complete(body())
+    finally:
+        loop.close()
+
+
+def test_an_idle_controller_is_evicted_only_once_its_budgets_are_released():
+    loop, registry = _bounded_registry(1)
+    first = registry.register(make_profile(principals={"alice": {"concurrency": 1}}))
+    other = registry.register(Profile.from_dict(profile_doc(), workspace_id="ws-2"))
+
+    async def body():
+        lease = await first.acquire(request(budget="inv"))
+        assert first.is_busy()
+        lease.release()
+        assert not first.is_busy()
+        assert first.is_idle(loop.clock.monotonic_ms()) is False  # it keeps the budget of "inv"
+        (await other.acquire(request(budget="x", workspace="ws-2"))).release()
+        other.release_budget("x")
+        # Two controllers, one may idle: other goes, first keeps its budget of "inv".
+        assert other.evicted and not first.evicted
+        (await other.acquire(request(budget="y", workspace="ws-2"))).release()  # re-adopted
+        assert not other.evicted and registry.controller("ws-2") is other
+        assert not first.evicted
+        first.release_budget("inv")  # first is idle now; other still keeps "y"
+        assert first.evicted and not other.evicted
+        again = await first.acquire(request(budget="inv2"))
+        assert not first.evicted and registry.controller("ws-1") is first
+        assert first.is_busy()
+        again.release()
+
+    try:
+        loop.run_until_complete(body())
+    finally:
+        loop.close()
+
+
+# ------------------------------------------------------------------- profiles and snapshots
+
+
+def test_a_new_profile_recompiles_the_static_limits_each_time(scenario_factory):
+    def version(label: str, batch: int):
+        return make_profile(
+            version=label, principals={"alice": {"concurrency": 4, "maxBatchSize": batch}}
+        )
+
+    s = scenario_factory(version("v1", 10))
+
+    async def body(s):
+        assert (await s.reject(request(budget="a", batch_size=50))).reason == "batch-size"
+        s.registry.register(version("v2", 100))
+        (await s.admit(request(budget="b", batch_size=50))).release()
+        s.registry.register(version("v3", 10))
+        assert (await s.reject(request(budget="c", batch_size=50))).reason == "batch-size"
+        s.registry.register(version("v4", 100))
+        (await s.admit(request(budget="d", batch_size=50))).release()
+
+    s.run(body)
+
+
+def test_a_new_profile_keeps_rate_buckets_and_unnames_scopes(scenario_factory):
+    first = make_profile(
+        version="v1",
+        workspace={"concurrency": 10, "requestsPerMinute": 600},
+        providers={"llm": {"concurrency": 10, "tokensPerSecond": 1000}, "old": {"concurrency": 1}},
+        principals={
+            "alice": {"concurrency": 4, "requestsPerMinute": 600},
+            "bob": {"concurrency": 1},
+        },
+    )
+    second = make_profile(
+        version="v2",
+        workspace={"concurrency": 10, "requestsPerMinute": 600},
+        providers={"llm": {"concurrency": 10, "tokensPerSecond": 1000}},
+        principals={"alice": {"concurrency": 4, "requestsPerMinute": 600}},
+    )
+    s = scenario_factory(first)
+
+    async def body(s):
+        (await s.admit(request(budget="a", tokens=10))).release()
+        (await s.admit(request("bob", "old", budget="b"))).release()
+        s.registry.register(second)
+        (await s.admit(request(budget="c", tokens=10))).release()
+        assert (await s.reject(request("bob", budget="d"))).reason == "unconfigured-principal"
+        assert (await s.reject(request(budget="e", provider="old"))).reason == (
+            "unconfigured-provider"
+        )
+        with pytest.raises(ValueError) as caught:
+            s.controller.coordinate_retry_after("old", 10)
+        assert str(caught.value) == "provider is not configured in the current profile"
+        with pytest.raises(ValueError) as caught:
+            s.controller.coordinate_retry_after("nowhere", 10)
+        assert str(caught.value) == "provider is not configured in the current profile"
+
+    s.run(body)
+
+
+def test_coordinate_retry_after_refuses_a_malformed_pause(scenario_factory):
+    s = scenario_factory()
+    for ms in (-1, float("nan"), "10", True):
+        with pytest.raises(ValueError) as caught:
+            s.controller.coordinate_retry_after("llm", ms)
+        assert str(caught.value) == "retry-after milliseconds must be a finite non-negative number"
+
+
+def test_a_request_for_another_workspace_is_refused_with_its_message(scenario_factory):
+    s = scenario_factory()
+
+    async def body(s):
+        with pytest.raises(ValueError) as caught:
+            await s.admit(request(workspace="ws-2"))
+        assert str(caught.value) == (
+            "request.workspace_id does not match this controller's workspace"
+        )
+
+    s.run(body)
+
+
+def test_a_snapshot_of_an_unknown_principal_is_empty(scenario_factory):
+    s = scenario_factory()
+    snapshot = s.controller.snapshot("nobody")
+    assert (snapshot.active, snapshot.queued) == (0, 0)
+
+
+# ---------------------------------------------------------------- expiry and dispatch bounds
+
+
+def test_a_deadline_before_the_dwell_bound_expires_as_deadline_exceeded(scenario_factory):
+    profile = make_profile(principals={"alice": {"concurrency": 1, "maxQueueWaitMs": 500}})
+    s = scenario_factory(profile)
+
+    async def body(s):
+        held = await s.admit(request(budget="h"))
+        start = s.now()
+        early = s.start(request(budget="a", deadline_ms=start + 200))
+        late = s.start(request(budget="b", deadline_ms=start + 900))
+        same = s.start(request(budget="c", deadline_ms=start + 500))
+        await asyncio.sleep(0.2)
+        await s.settle()
+        assert rejection_of(early).reason == "deadline-exceeded"
+        assert not late.done() and not same.done()
+        await asyncio.sleep(0.3)
+        await s.settle()
+        assert rejection_of(late).reason == "queue-timeout"
+        # Both ends at once: the deadline is named.
+        assert rejection_of(same).reason == "deadline-exceeded"
+        held.release()
+
+    s.run(body)
+
+
+def test_a_pause_ending_exactly_now_admits_at_once(scenario_factory):
+    s = scenario_factory()
+
+    async def body(s):
+        s.controller.coordinate_retry_after("llm", 250)
+        start = s.now()
+        lease = await s.admit(request(budget="a"))
+        assert s.now() - start == pytest.approx(250)
+        lease.release()
+        s.controller.coordinate_retry_after("llm", 100)
+        await asyncio.sleep(0.1)
+        at = s.now()
+        (await s.admit(request(budget="b"))).release()
+        assert s.now() == at
+
+    s.run(body)
+
+
+def test_a_bucket_with_exactly_one_request_left_admits_and_refills_on_time(scenario_factory):
+    profile = make_profile(principals={"alice": {"concurrency": 4, "requestsPerMinute": 6000}})
+    s = scenario_factory(profile)
+
+    async def body(s):
+        start = s.now()
+        leases = []
+        for n in range(6000):
+            leases.append(await s.admit(request(budget=f"b{n}")))
+            leases.pop().release()
+        assert s.now() == start
+        (await s.admit(request(budget="next"))).release()
+        return s.now() - start
+
+    assert s.run(body) == pytest.approx(10)
