@@ -251,6 +251,7 @@ class ShadowCall:
         self._lease: Lease | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._task = asyncio.get_running_loop().create_task(self._decide(copy))
+        self._task.add_done_callback(self._task_ended)
 
     # ------------------------------------------------------------- the real side
 
@@ -299,7 +300,16 @@ class ShadowCall:
         elif self._lease is not None:
             self._outcome = (None, None, None, None)
             self._held_ms = 0.0
+            if self._timer is not None:
+                # Holding on as long as reality did: withdrawn, it goes back now.
+                self._timer.cancel()
+                self._timer = None
             self._release_shadow()
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        # A copy withdrawn before its first step never ran `_decide`, which ends every other copy.
+        if task.cancelled():
+            self._done()
 
     # ----------------------------------------------------------- the shadow side
 

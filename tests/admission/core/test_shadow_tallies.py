@@ -744,3 +744,44 @@ def test_a_copy_decided_after_a_stop_from_another_thread_goes_back_at_once(scena
     assert active == tally(requests=2, admitted=2)
     # The failure reality reported before the stop still reached the shadow's breaker.
     assert would_be == tally(requests=2, admitted=2, breakerTransitions={"closed->open": 1})
+
+
+def test_a_copy_withdrawn_before_it_started_ends_and_frees_its_budget(scenario_factory):
+    scenario = scenario_factory()
+    shadow = scenario.registry.start_shadow(make_profile(version="v2"))
+    forgotten: list[str] = []
+    forget = shadow.controller.release_budget
+    shadow.controller.release_budget = lambda budget: (forgotten.append(budget), forget(budget))
+
+    async def body(s):
+        # The host's acquire failed before it ever waited: the copy is withdrawn in the same turn.
+        call = shadow.mirror(request(budget="inv"))
+        call.abandoned()
+        await s.settle()
+        assert not shadow.calls
+        shadow.release_budget("inv")
+
+    run_clean(scenario, body)
+    assert forgotten == ["inv"]
+
+
+def test_stop_gives_back_a_permit_held_as_long_as_reality_held_its_own(scenario_factory):
+    scenario = scenario_factory()
+    shadow = scenario.registry.start_shadow(
+        make_profile(version="v2", principals={"alice": {"concurrency": 1}})
+    )
+
+    async def body(s):
+        pairs = [await admit_both(s, shadow, request(budget=b)) for b in "ab"]
+        await s.settle()
+        await asyncio.sleep(0.2)
+        for call, lease in pairs:
+            release_both(call, lease, success=True)
+        await s.settle()
+        # The second copy, admitted at 200 ms, would hold its permit until 400 ms.
+        assert shadow.controller.snapshot("alice") == (1, 0)
+        assert scenario.registry.stop_shadow(WORKSPACE) is shadow
+        assert shadow.controller.snapshot("alice") == (0, 0)
+        assert not shadow.calls
+
+    run_clean(scenario, body)
