@@ -141,6 +141,9 @@ def test_a_rejection_is_evidenced_and_reported_without_a_retry_hint(scenario_fac
         assert error.evidence.decision == "reject"
         assert error.evidence.reason == "unconfigured-principal"
         assert error.evidence.retry_after_ms is None
+        # Refused before any scope was looked up: no counts, no breaker.
+        assert (error.evidence.active, error.evidence.queued) == (0, 0)
+        assert error.evidence.breaker_state == "closed"
         assert [(e.decision, e.reason, e.request, e.evidence) for e in events] == [
             ("reject", "unconfigured-principal", req, error.evidence)
         ]
@@ -649,3 +652,241 @@ def test_a_bucket_with_exactly_one_request_left_admits_and_refills_on_time(scena
         return s.now() - start
 
     assert s.run(body) == pytest.approx(10)
+
+
+def test_a_token_bucket_holding_exactly_the_estimate_admits_at_once(scenario_factory):
+    profile = make_profile(workspace={"concurrency": 10, "tokensPerSecond": 1000})
+    s = scenario_factory(profile)
+
+    async def body(s):
+        lease = await asyncio.wait_for(s.admit(request(budget="a", tokens=1000)), 0.001)
+        lease.release()
+        start = s.now()
+        (await s.admit(request(budget="b", tokens=250))).release()
+        return s.now() - start
+
+    assert s.run(body) == pytest.approx(250)
+
+
+def test_a_queued_request_with_a_deadline_is_admitted_when_a_permit_frees(scenario_factory):
+    profile = make_profile(principals={"alice": {"concurrency": 1}})
+    s = scenario_factory(profile)
+
+    async def body(s):
+        held = await s.admit(request(budget="h"))
+        waiter = s.start(request(budget="w", deadline_ms=s.now() + 5000))
+        await asyncio.sleep(1)
+        held.release()
+        await s.settle()
+        assert waiter.done() and waiter.exception() is None
+        waiter.result().release()
+
+    s.run(body)
+
+
+def test_a_head_refused_when_served_lets_the_next_waiter_in_at_once(scenario_factory):
+    profile = make_profile(
+        workspace={"concurrency": 100, "maxAttempts": 1},
+        principals={"alice": {"concurrency": 1}, "bob": {"concurrency": 1}},
+    )
+    s = scenario_factory(profile)
+
+    async def body(s):
+        held = await s.admit(request(budget="h"))
+        head = s.start(request(budget="spent"))
+        behind = s.start(request(budget="fresh"))
+        await s.settle()
+        (await s.admit(request("bob", budget="spent"))).release()
+        held.release()
+        await s.settle()
+        assert rejection_of(head).reason == "attempts"
+        assert behind.done() and behind.exception() is None
+        behind.result().release()
+
+    s.run(body)
+
+
+def test_the_provider_queue_bound_counts_every_waiter(scenario_factory):
+    profile = make_profile(providers={"llm": {"concurrency": 1, "maxQueueLength": 2}})
+    s = scenario_factory(profile)
+
+    async def body(s):
+        held = await s.admit(request(budget="h"))
+        waiters = [s.start(request(name, budget=name)) for name in ("alice", "bob")]
+        await s.settle()
+        error = await s.reject(request("alice", budget="third"))
+        assert error.reason == "queue-full"
+        held.release()
+        for task in waiters:
+            (await task).release()
+
+    s.run(body)
+
+
+def test_a_retry_hint_under_a_millisecond_is_one_millisecond(scenario_factory):
+    profile = make_profile(principals={"alice": {"concurrency": 1, "maxQueueLength": 1}})
+    for seed in range(6):
+        s = scenario_factory(profile, seed=seed)
+
+        async def body(s):
+            held = await s.admit(request(budget="h"))
+            waiter = s.start(request(budget="w"))
+            await s.settle()
+            s.controller.coordinate_retry_after("llm", 0.5)
+            error = await s.reject(request(budget="x"))
+            held.release()
+            waiter.cancel()
+            return error
+
+        assert s.run(body).retry_after_ms == 1.0
+
+
+def test_a_retry_hint_of_one_millisecond_of_pause_stays_near_it(scenario_factory):
+    profile = make_profile(principals={"alice": {"concurrency": 1, "maxQueueLength": 1}})
+    for seed in range(6):
+        s = scenario_factory(profile, seed=seed)
+
+        async def body(s):
+            held = await s.admit(request(budget="h"))
+            waiter = s.start(request(budget="w"))
+            await s.settle()
+            s.controller.coordinate_retry_after("llm", 1)
+            error = await s.reject(request(budget="x"))
+            held.release()
+            waiter.cancel()
+            return error
+
+        assert s.run(body).retry_after_ms in (1.0, 2.0)
+
+
+def test_a_retry_hint_ignores_a_breaker_the_profile_no_longer_configures(scenario_factory):
+    def version(label, breaker):
+        llm = {"concurrency": 4, "maxQueueLength": 1}
+        if breaker:
+            llm["circuitBreaker"] = _breaker()
+        return make_profile(version=label, providers={"llm": llm})
+
+    s = scenario_factory(version("v1", True), seed=2)
+
+    async def body(s):
+        (await s.admit(request(budget="ok"))).release(success=True)
+        s.registry.register(version("v2", False))
+        s.controller.coordinate_retry_after("llm", 100)
+        waiter = s.start(request(budget="w"))
+        await s.settle()
+        error = await s.reject(request(budget="x"))
+        (await waiter).release()
+        return error
+
+    expected = float(round(100 * (0.5 + random.Random(2).random())))
+    assert s.run(body).retry_after_ms == expected
+
+
+def test_leases_of_a_closed_breaker_never_count_as_probes(scenario_factory):
+    profile = make_profile(providers={"llm": {"concurrency": 10, "circuitBreaker": _breaker(3)}})
+    s = scenario_factory(profile)
+
+    async def body(s):
+        for n in range(3):
+            (await s.admit(request(budget=f"n{n}"))).release(success=None)
+        for n in range(3):
+            (await s.admit(request(budget=f"f{n}"))).release(success=False)
+        probe = await s.admit(request(budget="probe"))
+        assert probe.evidence.breaker_state == "half-open"
+        second = s.start(request(budget="second"))
+        await asyncio.sleep(0.1)
+        assert not second.done()  # one probe at a time
+        probe.release(success=True)
+        (await second).release()
+
+    s.run(body)
+
+
+def test_a_probe_of_an_earlier_opening_has_no_say_after_the_breaker_reopens(scenario_factory):
+    profile = make_profile(
+        providers={
+            "llm": {
+                "concurrency": 10,
+                "circuitBreaker": {"failureThreshold": 1, "openMs": 1000, "halfOpenMaxCalls": 2},
+            }
+        }
+    )
+    s = scenario_factory(profile)
+
+    async def body(s):
+        (await s.admit(request(budget="f"))).release(success=False)  # opening 1
+        first = await s.admit(request(budget="p1"))
+        stale = await s.admit(request(budget="p2"))  # both probes of opening 1
+        first.release(success=False)  # opening 2
+        probe = await s.admit(request(budget="p3"))  # half-open again after openMs
+        assert probe.evidence.breaker_state == "half-open"
+        stale.release(success=True)  # from opening 1: ignored
+        states = [t.to_state for t in s.controller.breaker_transitions()]
+        probe.release(success=None)
+        return states
+
+    assert s.run(body) == ["open", "half-open", "open", "half-open"]
+
+
+def _workspace_reserved_profile():
+    # One workspace pool of three permits; a and b each hold one back for themselves.
+    return make_profile(
+        workspace={"concurrency": 3},
+        providers={"llm": {"concurrency": 100}},
+        principals={
+            "a": {"concurrency": 3, "reservedConcurrency": 1},
+            "b": {"concurrency": 3, "reservedConcurrency": 1},
+            "c": {"concurrency": 3},
+        },
+    )
+
+
+def test_a_second_permit_above_a_workspace_reservation_leaves_anothers_alone(scenario_factory):
+    s = scenario_factory(_workspace_reserved_profile())
+
+    async def body(s):
+        held = [await s.admit(request("a", budget=f"a{n}")) for n in range(2)]
+        blocked = s.start(request("c", budget="c1"))
+        await s.settle()
+        assert not blocked.done()  # the last permit is b's reservation
+        held.pop().release()
+        await s.settle()
+        # a is back at its reservation: the permit it gave back is free for c.
+        assert blocked.done() and blocked.exception() is None
+        blocked.result().release()
+        held.pop().release()
+
+    s.run(body)
+
+
+def test_a_recently_served_principal_is_kept_while_earlier_lanes_wait():
+    names = [f"p{n}" for n in range(6)]
+    loop, registry = _bounded_registry(1)
+    principals = {name: {"concurrency": 1} for name in [*names, "x"]}
+    principals["w"] = {"concurrency": 1}
+    controller = registry.register(
+        make_profile(
+            providers={"llm": {"concurrency": 1}, "other": {"concurrency": 10}},
+            principals=principals,
+        )
+    )
+
+    async def body():
+        for name in names:
+            (await controller.acquire(request(name, "other", budget=name))).release()
+            controller.release_budget(name)
+        # w waits for llm behind its own permit elsewhere: the floor of turns stays low.
+        w_elsewhere = await controller.acquire(request("w", "other", budget="w1"))
+        w_waiting = loop.create_task(controller.acquire(request("w", budget="w2")))
+        await asyncio.sleep(0)
+        (await controller.acquire(request("x", "other", budget="x"))).release()
+        controller.release_budget("x")
+        kept = "x" in controller._principals
+        w_elsewhere.release()
+        (await w_waiting).release()
+        return kept
+
+    try:
+        assert loop.run_until_complete(body())
+    finally:
+        loop.close()
