@@ -862,8 +862,9 @@ def test_a_second_permit_above_a_workspace_reservation_leaves_anothers_alone(sce
 def test_a_recently_served_principal_is_kept_while_earlier_lanes_wait():
     names = [f"p{n}" for n in range(6)]
     loop, registry = _bounded_registry(1)
-    principals = {name: {"concurrency": 1} for name in [*names, "x"]}
+    principals = {name: {"concurrency": 1} for name in [*names, "x", "y"]}
     principals["w"] = {"concurrency": 1}
+    principals["y"] = {"concurrency": 1, "maxAttempts": 5}
     controller = registry.register(
         make_profile(
             providers={"llm": {"concurrency": 1}, "other": {"concurrency": 10}},
@@ -879,10 +880,13 @@ def test_a_recently_served_principal_is_kept_while_earlier_lanes_wait():
         w_elsewhere = await controller.acquire(request("w", "other", budget="w1"))
         w_waiting = loop.create_task(controller.acquire(request("w", budget="w2")))
         await asyncio.sleep(0)
+        # y keeps its budget, so it stays on the list of idle candidates, ahead of x.
+        (await controller.acquire(request("y", "other", budget="y"))).release()
         (await controller.acquire(request("x", "other", budget="x"))).release()
         controller.release_budget("x")
         kept = "x" in controller._principals
         w_elsewhere.release()
+        controller.release_budget("y")
         (await w_waiting).release()
         return kept
 
