@@ -894,3 +894,88 @@ def test_a_recently_served_principal_is_kept_while_earlier_lanes_wait():
         assert loop.run_until_complete(body())
     finally:
         loop.close()
+
+
+def test_a_controller_is_busy_while_any_lease_or_waiter_remains(scenario_factory):
+    profile = make_profile(principals={"alice": {"concurrency": 2}})
+    s = scenario_factory(profile)
+
+    async def body(s):
+        leases = [await s.admit(request(budget=f"l{n}")) for n in range(2)]
+        waiters = [s.start(request(budget=f"w{n}")) for n in range(2)]
+        await s.settle()
+        waiters[0].cancel()
+        await s.settle()
+        assert s.controller.is_busy()  # one waiter is left
+        waiters[1].cancel()
+        await s.settle()
+        assert s.controller.snapshot("alice") == (2, 0)
+        leases.pop().release()
+        assert s.controller.is_busy()  # one lease is left
+        leases.pop().release()
+        assert not s.controller.is_busy()
+
+    s.run(body)
+
+
+def test_retry_pressure_counts_at_most_the_window_cap(scenario_factory):
+    s = scenario_factory()
+
+    async def body(s):
+        for _ in range(4100):
+            s.controller.coordinate_retry_after("llm", 0)
+        lease = await s.admit(request())
+        lease.release()
+        return lease.evidence.retry_pressure
+
+    assert s.run(body) == 4096
+
+
+def test_retry_pressure_forgets_an_event_exactly_a_minute_old(scenario_factory):
+    s = scenario_factory()
+
+    async def body(s):
+        s.controller.coordinate_retry_after("llm", 0)
+        await asyncio.sleep(59.999)
+        before = await s.admit(request(budget="a"))
+        before.release()
+        await asyncio.sleep(0.001)
+        at = await s.admit(request(budget="b"))
+        at.release()
+        return before.evidence.retry_pressure, at.evidence.retry_pressure
+
+    assert s.run(body) == (1, 0)
+
+
+def test_a_new_profile_re_arms_each_waiters_dwell_bound(scenario_factory):
+    def version(label, wait):
+        alice = {"concurrency": 1}
+        if wait is not None:
+            alice["maxQueueWaitMs"] = wait
+        return make_profile(version=label, principals={"alice": alice})
+
+    s = scenario_factory(version("v1", 5000))
+
+    async def body(s):
+        held = await s.admit(request(budget="h"))
+        start = s.now()
+        shorter = s.start(request(budget="a"))
+        await asyncio.sleep(1)
+        s.registry.register(version("v2", 2000))  # from arrival: 2 s
+        await asyncio.sleep(0.999)
+        assert not shorter.done()
+        await asyncio.sleep(0.001)
+        await s.settle()
+        assert rejection_of(shorter).reason == "queue-timeout"
+        assert s.now() - start == pytest.approx(2000)
+        unbounded = s.start(request(budget="b"))
+        await asyncio.sleep(1)
+        s.registry.register(version("v3", None))  # no dwell bound any more
+        await asyncio.sleep(10)
+        assert not unbounded.done()
+        held.release()
+        await s.settle()
+        assert unbounded.done() and unbounded.exception() is None
+        unbounded.result().release()
+
+    s.run(body)
