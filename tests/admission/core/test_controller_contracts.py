@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from admission.core import AdmissionRegistry, Profile, VirtualTimeLoop
+from admission.core import AdmissionRegistry, CancelSignal, Profile, VirtualTimeLoop
 
 from .conftest import make_profile, profile_doc, rejection_of, request
 
@@ -782,26 +782,6 @@ def test_a_retry_hint_ignores_a_breaker_the_profile_no_longer_configures(scenari
     assert s.run(body).retry_after_ms == expected
 
 
-def test_leases_of_a_closed_breaker_never_count_as_probes(scenario_factory):
-    profile = make_profile(providers={"llm": {"concurrency": 10, "circuitBreaker": _breaker(3)}})
-    s = scenario_factory(profile)
-
-    async def body(s):
-        for n in range(3):
-            (await s.admit(request(budget=f"n{n}"))).release(success=None)
-        for n in range(3):
-            (await s.admit(request(budget=f"f{n}"))).release(success=False)
-        probe = await s.admit(request(budget="probe"))
-        assert probe.evidence.breaker_state == "half-open"
-        second = s.start(request(budget="second"))
-        await asyncio.sleep(0.1)
-        assert not second.done()  # one probe at a time
-        probe.release(success=True)
-        (await second).release()
-
-    s.run(body)
-
-
 def test_a_probe_of_an_earlier_opening_has_no_say_after_the_breaker_reopens(scenario_factory):
     profile = make_profile(
         providers={
@@ -977,5 +957,30 @@ def test_a_new_profile_re_arms_each_waiters_dwell_bound(scenario_factory):
         await s.settle()
         assert unbounded.done() and unbounded.exception() is None
         unbounded.result().release()
+
+    s.run(body)
+
+
+def test_a_signal_firing_as_its_waiter_is_cancelled_still_moves_the_lane_on(scenario_factory):
+    profile = make_profile(
+        workspace={"concurrency": 100, "maxAttempts": 1},
+        principals={"alice": {"concurrency": 1}, "bob": {"concurrency": 1}},
+    )
+    s = scenario_factory(profile)
+
+    async def body(s):
+        held = await s.admit(request(budget="h"))
+        signal = CancelSignal()
+        head = s.start(request(budget="head", signal=signal))
+        behind = s.start(request(budget="spent"))
+        await s.settle()
+        (await s.admit(request("bob", budget="spent"))).release()
+        # The task is cancelled first; its signal fires before the task resumes.
+        head.cancel()
+        signal.cancel()
+        await s.settle()
+        assert head.cancelled()
+        assert behind.done() and rejection_of(behind).reason == "attempts"
+        held.release()
 
     s.run(body)
