@@ -984,3 +984,24 @@ def test_a_signal_firing_as_its_waiter_is_cancelled_still_moves_the_lane_on(scen
         held.release()
 
     s.run(body)
+
+
+def test_releasing_a_budget_is_what_lets_a_principal_never_noted_idle_go():
+    loop, registry = _bounded_registry(1)
+    controller = registry.register(
+        make_profile(principals={name: {"concurrency": 1, "maxAttempts": 3} for name in "ad"})
+    )
+
+    async def body():
+        # Alone, a goes idle unnoticed: one principal is within the bound.
+        (await controller.acquire(request("a", budget="inv-a"))).release()
+        # d is noted idle when it releases, but keeps its budget.
+        (await controller.acquire(request("d", budget="inv-d"))).release()
+        assert set(controller._principals) == {"a", "d"}
+        controller.release_budget("inv-a")
+        return set(controller._principals)
+
+    try:
+        assert loop.run_until_complete(body()) == {"d"}
+    finally:
+        loop.close()
