@@ -88,8 +88,12 @@ def _write_object(value: Mapping[Any, Any], parts: list[str]) -> None:
     # Big-endian UTF-16 bytes compare exactly as JavaScript compares code units.
     keyed.sort(key=lambda entry: entry[0])
     parts.append("{")
-    for index, (_, key, item) in enumerate(keyed):
+    for index, (units, key, item) in enumerate(keyed):
         if index:
+            if units == keyed[index - 1][0]:
+                # A surrogate pair spelled as two code points and the character it makes: two
+                # keys in Python, one in JSON, and no order between them to write.
+                raise ValueError(f"canonical_json keys {key!r} name the same JSON string twice")
             parts.append(",")
         parts.append(_string(key))
         parts.append(":")

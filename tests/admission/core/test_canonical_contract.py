@@ -114,3 +114,10 @@ def test_a_digest_is_of_the_utf8_bytes_of_the_canonical_text():
     assert canonical_json(value) == text
     expected = hashlib.sha256(text.encode("utf-8")).hexdigest()
     assert sha256_digest(value) == f"sha256:{expected}"
+
+
+def test_two_keys_that_are_one_json_string_are_refused_whatever_their_order():
+    pair, character = "\ud83d\ude00", "\U0001f600"
+    for document in ({pair: 1, character: 2}, {character: 2, pair: 1}):
+        with pytest.raises(ValueError, match="same JSON string"):
+            canonical_json(document)
