@@ -1005,3 +1005,141 @@ def test_releasing_a_budget_is_what_lets_a_principal_never_noted_idle_go():
         assert loop.run_until_complete(body()) == {"d"}
     finally:
         loop.close()
+
+
+# ------------------------------------------------------------- reservations and event loops
+
+
+def _reservations(label: str, pool: str):
+    # Three permits in one pool (the workspace's or llm's); a and b each hold one back.
+    pools = {"workspace": {"concurrency": 100}, "llm": {"concurrency": 100}}
+    pools[pool] = {"concurrency": 3}
+    return make_profile(
+        version=label,
+        workspace=pools["workspace"],
+        providers={"llm": pools["llm"]},
+        principals={
+            "a": {"concurrency": 3, "reservedConcurrency": 1},
+            "b": {"concurrency": 3, "reservedConcurrency": 1},
+            "c": {"concurrency": 3},
+        },
+    )
+
+
+@pytest.mark.parametrize("pool", ["workspace", "llm"])
+def test_a_new_profile_recounts_the_reservations_in_use(scenario_factory, pool):
+    s = scenario_factory(_reservations("v1", pool))
+
+    async def body(s):
+        used = await s.admit(request("b", budget="b1"))
+        s.registry.register(_reservations("v2", pool))
+        # b uses its reservation, a's is held back: of three permits one is free for c.
+        first = await asyncio.wait_for(s.admit(request("c", budget="c1")), 0.001)
+        second = s.start(request("c", budget="c2"))
+        await s.settle()
+        assert not second.done()
+        used.release()  # b's reservation is back, held back again
+        await s.settle()
+        assert not second.done()
+        first.release()
+        await s.settle()
+        assert second.done() and second.exception() is None
+        second.result().release()
+
+    s.run(body)
+
+
+def test_integral_float_figures_count_as_integers(scenario_factory):
+    profile = make_profile(principals={"alice": {"concurrency": 1, "maxBatchSize": 2}})
+    s = scenario_factory(profile)
+
+    async def body(s):
+        lease = await s.admit(request(batch_size=2.0, request_bytes=10.0, items=3.0))
+        lease.release()
+        assert (await s.reject(request(budget="b", batch_size=3.0))).reason == "batch-size"
+
+    s.run(body)
+
+
+def test_a_controller_follows_a_new_loop_only_without_waiters_on_a_running_one():
+    first = VirtualTimeLoop()
+    registry = AdmissionRegistry(clock=first.clock)
+    controller = registry.register(make_profile(principals={"alice": {"concurrency": 1}}))
+
+    async def on_first():
+        held = await controller.acquire(request(budget="h"))
+        waiter = asyncio.get_running_loop().create_task(controller.acquire(request(budget="w")))
+        await asyncio.sleep(0)
+        return held, waiter
+
+    held, waiter = first.run_until_complete(on_first())
+    second = VirtualTimeLoop()
+    try:
+        with pytest.raises(RuntimeError) as caught:
+            second.run_until_complete(controller.acquire(request(budget="x")))
+        assert str(caught.value) == "this controller has waiters on another running event loop"
+        assert controller.snapshot("alice") == (1, 1)
+        waiter.cancel()
+        first.run_until_complete(asyncio.gather(waiter, return_exceptions=True))
+        # No waiter left: the controller follows the other loop while the first stays open.
+        held.release()
+        lease = second.run_until_complete(controller.acquire(request(budget="y")))
+        assert controller.snapshot("alice") == (1, 0)
+        lease.release()
+    finally:
+        second.close()
+        first.close()
+
+
+def test_waiters_of_a_closed_loop_are_dropped_when_the_controller_moves_on():
+    first = VirtualTimeLoop()
+    registry = AdmissionRegistry(clock=first.clock)
+    controller = registry.register(make_profile(principals={"alice": {"concurrency": 2}}))
+
+    async def on_first():
+        held = [await controller.acquire(request(budget=f"h{n}")) for n in range(2)]
+        waiter = asyncio.get_running_loop().create_task(controller.acquire(request(budget="w")))
+        await asyncio.sleep(0)
+        return held, waiter
+
+    held, _waiter = first.run_until_complete(on_first())
+    first.close()
+    second = VirtualTimeLoop()
+
+    async def on_second():
+        task = asyncio.get_running_loop().create_task(controller.acquire(request(budget="x")))
+        await asyncio.sleep(0)
+        # The first loop's waiter is gone; this one waits in its place.
+        assert controller.snapshot("alice") == (2, 1)
+        held.pop().release()
+        lease = await task
+        assert controller.snapshot("alice") == (2, 0)
+        lease.release()
+        held.pop().release()
+
+    try:
+        second.run_until_complete(on_second())
+    finally:
+        second.close()
+
+
+@pytest.mark.parametrize("ahead_ms, refused", [(50, False), (51, True)])
+def test_a_loop_whose_clock_is_too_far_from_the_registrys_is_refused(ahead_ms, refused):
+    first = VirtualTimeLoop()
+    registry = AdmissionRegistry(clock=first.clock)
+    controller = registry.register(make_profile())
+    first.run_until_complete(asyncio.sleep(ahead_ms / 1000))
+    second = VirtualTimeLoop()
+    try:
+        if refused:
+            with pytest.raises(RuntimeError) as caught:
+                second.run_until_complete(controller.acquire(request()))
+            assert str(caught.value) == (
+                "the running event loop's clock disagrees with this registry's clock by "
+                f"{ahead_ms} ms; one registry has one clock, the clock of its loop"
+            )
+        else:
+            second.run_until_complete(controller.acquire(request())).release()
+    finally:
+        second.close()
+        first.close()
