@@ -603,8 +603,8 @@ def test_a_deadline_before_the_dwell_bound_expires_as_deadline_exceeded(scenario
         held = await s.admit(request(budget="h"))
         start = s.now()
         early = s.start(request(budget="a", deadline_ms=start + 200))
-        late = s.start(request(budget="b", deadline_ms=start + 900))
         same = s.start(request(budget="c", deadline_ms=start + 500))
+        late = s.start(request(budget="b", deadline_ms=start + 900))
         await asyncio.sleep(0.2)
         await s.settle()
         assert rejection_of(early).reason == "deadline-exceeded"
@@ -1143,3 +1143,26 @@ def test_a_loop_whose_clock_is_too_far_from_the_registrys_is_refused(ahead_ms, r
     finally:
         second.close()
         first.close()
+
+
+def test_a_controller_whose_last_waiter_is_cancelled_is_noted_idle():
+    loop, registry = _bounded_registry(1)
+    first = registry.register(make_profile())
+    other = registry.register(Profile.from_dict(profile_doc(), workspace_id="ws-2"))
+
+    async def body():
+        first.coordinate_retry_after("llm", 100)
+        waiter = loop.create_task(first.acquire(request(budget="w")))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        assert not first.is_busy() and not first.evicted
+        await asyncio.sleep(0.2)  # the pause is over: nothing of first's state matters now
+        (await other.acquire(request(budget="x", workspace="ws-2"))).release()
+        return first.evicted, other.evicted
+
+    try:
+        # first was noted idle when its waiter left, before other: it goes first.
+        assert loop.run_until_complete(body()) == (True, False)
+    finally:
+        loop.close()
