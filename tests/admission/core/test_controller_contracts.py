@@ -387,6 +387,8 @@ def test_principals_whose_waiters_are_cancelled_are_forgotten_beyond_the_bound()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         kept = set(controller._principals)
+        # A forgotten principal's pair in the provider pool goes with it.
+        assert set(controller._providers["llm"].pairs) == kept
         held.release()
         return kept
 
