@@ -848,15 +848,18 @@ class AdmissionController:
         if previous is not None and self._waiting:
             if not previous.is_closed():
                 raise RuntimeError("this controller has waiters on another running event loop")
-            # Waiters of a closed loop can never be resumed: forget them.
-            for lane in list(self._lanes.values()):
-                for ticket in list(lane.waiters):
-                    self._remove(ticket)
+            self._drop_waiters()
         if self._pump_handle is not None:
             # A pump scheduled on the previous loop may never run there.
             self._pump_handle.cancel()
             self._pump_handle = None
         self._loop = loop
+
+    def _drop_waiters(self) -> None:
+        # Waiters of a closed loop can never be resumed: forget them.
+        for lane in list(self._lanes.values()):
+            for ticket in list(lane.waiters):
+                self._remove(ticket)
 
     def _dwell_limit(self, ticket: _Ticket) -> float:
         dwell = math.inf
@@ -1056,6 +1059,10 @@ class AdmissionController:
         """Serve ready lanes by turn, head first, until each is admitted from or parked."""
         if self._pumping:
             return
+        loop = self._loop
+        if self._waiting and loop is not None and loop.is_closed():
+            # A release after the waiters' loop closed: admitting one would leak its permit.
+            self._drop_waiters()
         self._pumping = True
         self._epoch += 1
         ready = self._ready

@@ -322,3 +322,28 @@ def test_principals_without_budgets_are_forgotten_once_idle_beyond_the_bound():
         assert loop.run_until_complete(body()) <= 2 + 2
     finally:
         loop.close()
+
+
+def test_a_release_after_the_waiters_loop_closed_frees_the_permit_for_good():
+    first = VirtualTimeLoop()
+    registry = AdmissionRegistry(clock=first.clock)
+    controller = registry.register(make_profile(principals={"alice": {"concurrency": 1}}))
+
+    async def on_first():
+        held = await controller.acquire(request(budget="held"))
+        waiter = asyncio.get_running_loop().create_task(controller.acquire(request(budget="w")))
+        await asyncio.sleep(0)
+        return held, waiter
+
+    held, _waiter = first.run_until_complete(on_first())
+    first.close()
+    # Its waiter can never be resumed, so it is dropped instead of being handed the permit.
+    held.release()
+    assert controller.snapshot("alice") == (0, 0)
+    assert not controller.is_busy()
+    second = VirtualTimeLoop()
+    try:
+        lease = second.run_until_complete(controller.acquire(request(budget="next")))
+        lease.release()
+    finally:
+        second.close()
