@@ -36,9 +36,9 @@ from django.test.utils import (  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from admission.models import Workspace  # noqa: E402
-from evaluator import cancel_watch  # noqa: E402
-from evaluator.forms import example_request  # noqa: E402
+from console.forms.runs import example_request  # noqa: E402
 from evaluator.models import EvaluationRun, Receipt  # noqa: E402
+from evaluator.worker import cancel_watch  # noqa: E402
 
 EVIDENCE = {
     "decision": "admit",

@@ -64,6 +64,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_results",
+    "console",
     "admission",
     "evaluator",
 ]
@@ -192,21 +193,21 @@ REST_KNOX = {
 REST_FRAMEWORK = {
     # Token first: its scheme is the WWW-Authenticate challenge of a 401.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "config.api_auth.ApiTokenAuthentication",
+        "console.api.auth.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     # JSON only, bounded in size and depth before it is parsed.
-    "DEFAULT_PARSER_CLASSES": ["config.api_parsers.BoundedJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["console.api.parsers.BoundedJSONParser"],
     "DEFAULT_THROTTLE_CLASSES": [
-        "config.api_throttles.AnonymousThrottle",
-        "config.api_throttles.UserThrottle",
-        "config.api_throttles.WorkspaceThrottle",
-        "config.api_throttles.SubmissionThrottle",
+        "console.api.throttles.AnonymousThrottle",
+        "console.api.throttles.UserThrottle",
+        "console.api.throttles.WorkspaceThrottle",
+        "console.api.throttles.SubmissionThrottle",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "EXCEPTION_HANDLER": "config.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {

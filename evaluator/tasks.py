@@ -13,8 +13,8 @@ from typing import Any
 from celery import shared_task
 from django.db import DatabaseError
 
-from evaluator import services
-from evaluator.runner import current_runner
+from evaluator.services import runs as services
+from evaluator.worker.runner import current_runner
 
 # A database that is busy or restarting: deliver again shortly; the services resume the run.
 _RETRY = {

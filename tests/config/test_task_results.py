@@ -11,7 +11,7 @@ from django.utils import timezone
 from django_celery_results.models import TaskResult
 
 from config.celery import app
-from evaluator.runner import stop_runner
+from evaluator.worker.runner import stop_runner
 
 pytestmark = pytest.mark.django_db
 

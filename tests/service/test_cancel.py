@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.service.conftest import Deployment
 
@@ -132,7 +132,7 @@ def test_a_run_cancelled_while_queued_never_starts(deployment):
 ONE_AT_A_TIME = """
 import copy
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import DEMO_PROFILE
 document = copy.deepcopy(DEMO_PROFILE)

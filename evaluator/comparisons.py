@@ -1,0 +1,29 @@
+"""Comparisons an operator reads beside a shadow or a canary, for the admin and the API.
+
+A shadow's comparison comes from its own observations (`rollout.shadow_comparison`); a canary's
+from the evaluation runs that started while it ran, which are the evaluator's rows.
+"""
+
+from __future__ import annotations
+
+from admission.models import RolloutEvent
+from admission.services import rollout
+from evaluator import selectors as evaluator_selectors
+
+
+def canary_comparison(canary: RolloutEvent) -> rollout.Comparison:
+    """Current version against the canary over the canary's window (still open, or closed)."""
+    closing = canary.closings.order_by("id").first()
+    runs = evaluator_selectors.run_admissions_since(
+        workspace=canary.workspace,
+        since=canary.at,
+        until=closing.at if closing is not None else None,
+    )
+    return rollout.canary_runs_comparison(canary=canary, runs=runs)
+
+
+def session_comparison(event: RolloutEvent) -> rollout.Comparison:
+    """The comparison of a shadow or canary start row."""
+    if event.kind == RolloutEvent.Kind.CANARY_START:
+        return canary_comparison(event)
+    return rollout.shadow_comparison(session=event)

@@ -1,0 +1,174 @@
+"""The admin workflow in a real headless Chromium, from login to an approved rollback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from admission.models import ProfileChangeRecord, RollbackRequest
+from admission.services import profiles as services
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@contextlib.contextmanager
+def chromium(chromium_path: str) -> Iterator[Browser]:
+    # Keep the ORM outside this block: Playwright's sync API runs an event loop in this thread.
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+class Operator:
+    """One person at one browser profile, logged into the admin."""
+
+    def __init__(self, browser: Browser, base_url: str, username: str) -> None:
+        self.base_url = base_url
+        self.page: Page = browser.new_context(base_url=base_url).new_page()
+        self.page.set_default_timeout(20_000)
+        self.page.goto("/admin/login/")
+        self.page.fill("#id_username", username)
+        self.page.fill("#id_password", f"{username}-password")
+        self.page.click("input[type=submit]")
+        expect(self.page.locator("#user-tools")).to_contain_text(username)
+
+    def messages(self) -> Any:
+        return self.page.locator("ul.messagelist")
+
+    def propose(self, document: dict[str, Any], *, preview: bool = False) -> None:
+        page = self.page
+        page.goto("/admin/admission/profileversion/add/")
+        page.select_option("#id_workspace", label="acme")
+        page.fill("#id_document", json.dumps(document, indent=2))
+        if preview:
+            page.click("input[name=_preview]")
+            expect(page.locator("pre.profile-diff")).to_be_visible()
+        page.click("input[name=_propose]")
+        expect(self.messages()).to_contain_text(f"Proposed acme:{document['profileVersion']}")
+
+    def run_action(self, changelist: str, row_text: str, action: str) -> None:
+        page = self.page
+        page.goto(changelist)
+        row = page.locator("#result_list tbody tr").filter(
+            has=page.get_by_text(re.compile(rf"^{re.escape(row_text)}$"), exact=True)
+        )
+        expect(row).to_have_count(1)
+        row.locator("input.action-select").check()
+        page.select_option("select[name=action]", action)
+        page.click("button[name=index]")
+
+    def approve_version(self, label: str) -> None:
+        self.run_action("/admin/admission/profileversion/", label, "approve_selected")
+        page = self.page
+        expect(page.locator("#runbook-link")).to_have_text("RUN-JEV-ADMISSION-v1")
+        for box in page.locator("#decision_form input[type=checkbox]").all():
+            box.check()
+        page.fill("#id_comment", f"{label}: capacity and diff checked")
+        page.click("#decision-submit")
+        expect(self.messages()).to_contain_text(f"Approved acme:{label}.")
+
+    def activate_version(self, label: str, kind: str) -> None:
+        self.run_action("/admin/admission/profileversion/", label, "activate_selected")
+        expect(self.messages()).to_contain_text(f"Activated acme:{label} ({kind}).")
+
+
+def test_CNC_ADMIT_AUDIT_admin_workflow_from_login_to_approved_rollback(
+    live_server, chromium_path, workspace, proposer, approver, make_document
+):
+    v1, v2 = make_document("v1"), make_document("v2", concurrency=2)
+    with chromium(chromium_path) as browser:
+        pat = Operator(browser, live_server.url, "pat")
+        alex = Operator(browser, live_server.url, "alex")
+
+        pat.propose(v1)
+        alex.approve_version("v1")
+        alex.activate_version("v1", "initial")
+
+        pat.propose(v2, preview=True)
+        alex.approve_version("v2")
+        alex.activate_version("v2", "change")
+
+        pat.run_action("/admin/admission/profileversion/", "v1", "request_rollback")
+        pat.page.fill("#id_reason", "v2 starves the quiet principals")
+        pat.page.click("#action-submit")
+        expect(pat.messages()).to_contain_text("Requested a rollback to acme:v1")
+
+        alex.run_action("/admin/admission/rollbackrequest/", "acme", "approve_rollbacks")
+        alex.page.fill("#id_comment", "v2 starves the quiet principals")
+        alex.page.click("#decision-submit")
+        expect(alex.messages()).to_contain_text("Rolled acme back to v1.")
+
+        alex.page.goto("/admin/admission/profilechangerecord/")
+        kinds = alex.page.locator("#result_list tbody td.field-kind")
+        expect(kinds).to_have_text(["Rollback", "Change", "Initial"])
+        expect(alex.page.locator("#result_list tbody td.field-rollback_reason").first).to_have_text(
+            "v2 starves the quiet principals"
+        )
+        alex.page.click("#changelist-filter a:text-is('Rollback')")
+        expect(alex.page.locator("#result_list tbody tr")).to_have_count(1)
+
+        # The approval form's runbook link resolves to the runbook itself.
+        alex.page.goto("/runbooks/RUN-JEV-ADMISSION-v1/")
+        expect(alex.page.locator("pre#runbook")).to_contain_text("## Checklist")
+
+    records = ProfileChangeRecord.objects.order_by("id")
+    assert [r.kind for r in records] == ["initial", "change", "rollback"]
+    assert records.last().digest == records.first().digest
+    assert RollbackRequest.objects.get().decided_by == approver
+    assert RollbackRequest.objects.get().reason == "v2 starves the quiet principals"
+
+
+def test_change_history_columns_are_readable_at_1280_px(
+    live_server, chromium_path, workspace, proposer, approver, approved
+):
+    v1, v2 = approved("v1"), approved("v2", concurrency=2)
+    services.profile_version_activate(version=v1, actor=approver)
+    services.profile_version_activate(version=v2, actor=approver)
+    request = services.rollback_request_create(
+        workspace=workspace,
+        target=v1,
+        requested_by=proposer,
+        reason="v2 starves the quiet principals whenever the noisy one bursts",
+    )
+    services.rollback_request_approve(request=request, approver=approver)
+    with chromium(chromium_path) as browser:
+        alex = Operator(browser, live_server.url, "alex")
+        page = alex.page
+        page.set_viewport_size({"width": 1280, "height": 800})
+        page.goto("/admin/admission/profilechangerecord/")
+        table = page.locator("#result_list")
+        expect(table.locator("tbody tr")).to_have_count(3)
+        # Nothing scrolls sideways, and every column ends inside the window.
+        overflow = page.evaluate(
+            "() => { const box = document.querySelector('.results');"
+            " return box.scrollWidth - box.clientWidth; }"
+        )
+        assert overflow <= 0
+        for column in ("short_digest", "actor", "approved_by", "rollback_reason"):
+            header = table.locator(f"thead th.column-{column}")
+            box = header.bounding_box()
+            assert box is not None and box["x"] + box["width"] <= 1280, column
+        cells = table.locator("tbody tr").first
+        expect(cells.locator("td.field-actor")).to_have_text("alex")
+        expect(cells.locator("td.field-approved_by")).to_contain_text("alex")
+        expect(cells.locator("td.field-short_digest")).to_have_text(re.compile(r"^[0-9a-f]{12}…$"))
