@@ -260,10 +260,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
 # A worker is one process: Celery's thread pool takes the doorbells (and load runs), and one
-# event loop in that process runs its evaluations (evaluator/runner.py, docs/running.md).
+# event loop in that process runs its evaluations (evaluator/worker/runner.py, docs/running.md).
 CELERY_WORKER_POOL = "threads"
 
-# Runs live in the database; workers claim them from there (evaluator/runner.py). Evaluations
+# Runs live in the database; workers claim them from there (evaluator/worker/runner.py). Evaluations
 # one worker process runs at once on its event loop:
 SLUICE_WORKER_SLOTS = env_int("SLUICE_WORKER_SLOTS", 64, minimum=1)
 # Threads of a worker process that write receipts and results for its evaluations (each keeps
@@ -286,7 +286,7 @@ SLUICE_RUN_HEARTBEAT_SECONDS = _seconds("SLUICE_RUN_HEARTBEAT_SECONDS", 5.0, exc
 SLUICE_RUN_STALE_SECONDS = _seconds("SLUICE_RUN_STALE_SECONDS", 30.0, minimum=1.0)
 # How long a stopping worker waits for its runs before it gives them back to the backlog:
 SLUICE_WORKER_DRAIN_SECONDS = _seconds("SLUICE_WORKER_DRAIN_SECONDS", 8.0)
-# Tests only: while this file exists, a committed run's doorbell waits (evaluator/services.py).
+# Tests only: while this file exists, a committed run's doorbell waits (evaluator/services/runs.py).
 SLUICE_TEST_HOLD_PUBLISH = env_str("SLUICE_TEST_HOLD_PUBLISH", "")
 if SLUICE_RUN_STALE_SECONDS < 3 * SLUICE_RUN_HEARTBEAT_SECONDS:
     raise SettingsError(
@@ -382,15 +382,15 @@ SLUICE_OTLP_METRICS_PROTOCOL = otlp_protocol("METRICS")
 # set here directly. Empty: one fake adapter.
 SLUICE_ADAPTERS: object = env_str("SLUICE_ADAPTERS", "")
 
-# The per-process profile listener (admission/refresh.py): LISTEN on PostgreSQL unless turned
-# off, and a safety-net poll every this many seconds (None: 30 on PostgreSQL, 2 elsewhere).
+# The per-process profile listener (admission/runtime/refresh.py): LISTEN on PostgreSQL unless
+# turned off, and a safety-net poll every this many seconds (None: 30 on PostgreSQL, 2 elsewhere).
 SLUICE_PROFILE_LISTEN = env_bool("SLUICE_PROFILE_LISTEN", True)
 SLUICE_PROFILE_POLL_SECONDS = env_float(
     "SLUICE_PROFILE_POLL_SECONDS", None, minimum=0.0, exclusive=True
 )
 
 # Evaluation runs: how often a process running evaluations checks the database for cancel
-# requests of its runs (evaluator/cancel_watch.py), and the most decisions one submitted
+# requests of its runs (evaluator/worker/cancel_watch.py), and the most decisions one submitted
 # ruleset may hold (at most the engine's own ceiling of 10 000).
 SLUICE_CANCEL_CHECK_SECONDS = env_float(
     "SLUICE_CANCEL_CHECK_SECONDS", 1.0, minimum=0.0, exclusive=True

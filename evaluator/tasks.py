@@ -1,7 +1,7 @@
 """Celery tasks: thin, take a run id, safe to run twice.
 
 `run_evaluation` is a doorbell: the run's state is its database row, and the message only tells
-this worker process's runner (evaluator/runner.py) to look at the backlog now. It stores no
+this worker process's runner (evaluator/worker/runner.py) to look at the backlog now. It stores no
 result and is acknowledged at once; a lost doorbell costs one poll interval, never the run.
 Load runs are executed by their task (`acks_late` with `reject_on_worker_lost`).
 """

@@ -882,5 +882,5 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
 
 from console.admin import rollout as rollout_admin  # noqa: E402,F401  (registers the rollout pages)
 
-# The index links the live admission dashboard (admission/dashboard.py, config/urls.py).
+# The index links the live admission dashboard (console/admin/dashboard.py, config/urls.py).
 admin.site.index_template = "admin/admission/index.html"

@@ -4,7 +4,7 @@ A queued run ends `cancelled` at once, in the same transaction that records the 
 row is locked meanwhile): no worker has it, and a worker that meets it afterwards finds it
 finished and leaves it alone, so it never starts. A running run gets the request recorded (who
 and when, kept on the row) and stays `running` until the process running it notices
-(evaluator/cancel_watch.py): its waiting attempts leave their admission queues, its call in
+(evaluator/worker/cancel_watch.py): its waiting attempts leave their admission queues, its call in
 flight is aborted, and the worker writes the run as `cancelled` with every decision's outcome.
 A finished run cannot be cancelled.
 

@@ -2,10 +2,10 @@
 
 Submitting validates everything a request can get wrong before a row exists and writes the run
 `queued`: that row *is* the queue entry (workers claim runs from the database, see
-evaluator/runner.py and evaluator/dispatch.py). When the transaction commits a doorbell message
-is published so a worker looks at once; if the broker does not take it, the run is still queued
-and a worker's next poll finds it. Load runs are still carried by their Celery task: if the
-broker refuses that message the load run is marked `failed` with error type
+evaluator/worker/runner.py and evaluator/worker/dispatch.py). When the transaction commits a
+doorbell message is published so a worker looks at once; if the broker does not take it, the run is
+still queued and a worker's next poll finds it. Load runs are still carried by their Celery task: if
+the broker refuses that message the load run is marked `failed` with error type
 `broker-unavailable` and `BrokerUnavailable` is raised.
 """
 

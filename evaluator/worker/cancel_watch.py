@@ -1,9 +1,9 @@
 """How a cancel request reaches the process that runs the evaluation, wherever it runs.
 
-Cancelling writes `EvaluationRun.cancel_requested_at` (evaluator/cancellation.py): the request
-lives in the database, like the run, so it reaches a worker on any host and survives a broker or
-Redis restart. A process running evaluations keeps one watch per event loop: the cancel signal
-of every run it is running, keyed by run id, and one asyncio task that, every
+Cancelling writes `EvaluationRun.cancel_requested_at` (evaluator/services/cancellation.py): the
+request lives in the database, like the run, so it reaches a worker on any host and survives a
+broker or Redis restart. A process running evaluations keeps one watch per event loop: the cancel
+signal of every run it is running, keyed by run id, and one asyncio task that, every
 `SLUICE_CANCEL_CHECK_SECONDS` (default 1 s) while any run is watched, asks the database in a
 single query which of them have a cancel request and fires their signals. A run is also checked
 once when its watch starts (the run is found by its workspace and invocation id, which the

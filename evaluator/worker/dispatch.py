@@ -1,6 +1,6 @@
 """The backlog of evaluation runs in the database: claim fairly, heartbeat, sweep, give back.
 
-The run row is the truth; a broker message only says "look" (evaluator/runner.py). Every
+The run row is the truth; a broker message only says "look" (evaluator/worker/runner.py). Every
 function here is one short transaction and safe to call from several worker processes at once:
 
 - `runs_claim` takes queued runs for a worker, fairly across workspaces and principals: each

@@ -38,6 +38,6 @@ def test_a_starting_worker_cleans_up_once():
     try:
         worker_ready.send(sender=None)
     finally:
-        # A starting worker also starts its evaluation runner (evaluator/runner.py).
+        # A starting worker also starts its evaluation runner (evaluator/worker/runner.py).
         stop_runner()
     assert not TaskResult.objects.filter(task_id="stale").exists()

@@ -1,6 +1,7 @@
 """Cancelling runs and watching them progress, with real processes: a web server, a Celery worker
 on a real broker, and a loopback OpenAI-compatible provider that holds its answers until the test
-lets them go. The cancel reaches the worker through the database (evaluator/cancel_watch.py)."""
+lets them go. The cancel reaches the worker through the database
+(evaluator/worker/cancel_watch.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The database backlog (evaluator/dispatch.py): fair claims, the per-workspace cap, heartbeats,
-the sweeper, fencing by claim token, and the one-uncoordinated-worker rule, on the real
+"""The database backlog (evaluator/worker/dispatch.py): fair claims, the per-workspace cap,
+heartbeats, the sweeper, fencing by claim token, and the one-uncoordinated-worker rule, on the real
 database (PostgreSQL in CI)."""
 
 from __future__ import annotations
