@@ -411,3 +411,7 @@ SLUICE_CANCEL_CHECK_SECONDS = env_float(
     "SLUICE_CANCEL_CHECK_SECONDS", 1.0, minimum=0.0, exclusive=True
 )
 SLUICE_MAX_DECISIONS = env_int("SLUICE_MAX_DECISIONS", 1000, minimum=1)
+# The most characters one decision's rendered prompt may hold (its placeholders filled from the
+# input): the provider's context window in characters. Above it a submission is refused with a
+# 400 naming the prompt; a run that meets it anyway records a `prompt-too-large` attempt.
+SLUICE_MAX_PROMPT_CHARS = env_int("SLUICE_MAX_PROMPT_CHARS", 512_000, minimum=1)
