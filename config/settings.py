@@ -156,8 +156,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SLUICE_MAX_REQUEST_BYTES", 1_048_576, min
 SLUICE_MAX_JSON_DEPTH = env_int("SLUICE_MAX_JSON_DEPTH", 64, minimum=4)
 # Approvals, rejections, cancels, load-run starts, token requests: a comment and a few names.
 SLUICE_MAX_ACTION_REQUEST_BYTES = env_int("SLUICE_MAX_ACTION_REQUEST_BYTES", 65_536, minimum=1024)
-# A proposed profile document (canonical JSON).
+# A proposed profile document: its size as compact JSON and the principals it names; and the
+# versions one workspace may keep awaiting approval or rejection.
 SLUICE_MAX_PROFILE_BYTES = env_int("SLUICE_MAX_PROFILE_BYTES", 262_144, minimum=1024)
+SLUICE_MAX_PROFILE_PRINCIPALS = env_int("SLUICE_MAX_PROFILE_PRINCIPALS", 1000, minimum=1)
+SLUICE_MAX_PENDING_VERSIONS = env_int("SLUICE_MAX_PENDING_VERSIONS", 20, minimum=1)
 # A profile proposal's body: the document as sent (indented, escaped) plus its envelope.
 SLUICE_MAX_PROFILE_REQUEST_BYTES = 2 * SLUICE_MAX_PROFILE_BYTES + 65_536
 # An evaluation's body (ruleset and input) may use the whole SLUICE_MAX_REQUEST_BYTES.
