@@ -43,7 +43,7 @@ from django.conf import settings
 from django.db import DatabaseError, connections
 
 from admission.core import AdmissionRegistry
-from admission.runtime import refresh
+from admission.runtime import live, refresh
 from admission.runtime import registry as runtime
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.models import EvaluationRun
@@ -114,6 +114,9 @@ class Runner:
         with self.loop.frozen():
             runtime.get_registry()
         refresh.start_listener(self.loop.frozen)
+        if not coordinated:
+            # No shared state to read: publish this process's figures for operators' views.
+            live.start_publisher(self.worker_id, self.loop.loop)
         self._thread.start()
         logger.info(
             "evaluation runner %s: %d slots, admission %s",
@@ -168,6 +171,7 @@ class Runner:
             logger.warning("could not give runs back at shutdown: %s", type(error).__name__)
         finally:
             refresh.stop_listener()
+            live.stop_publisher()
             self.database.shutdown(wait=False)
             connections.close_all()
 
