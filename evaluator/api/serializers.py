@@ -110,7 +110,10 @@ class RunProgressSerializer(serializers.Serializer):
     )
     attempts = serializers.IntegerField(help_text="Attempts so far (sent or refused).")
     inFlight = InFlightAttemptSerializer(
-        allow_null=True, help_text="The call dispatched and not answered yet, if any."
+        many=True, help_text="Every call dispatched and not answered yet, in ruleset order."
+    )
+    maxInFlight = serializers.IntegerField(
+        help_text="The most calls of this run in flight at once, from its receipt."
     )
 
 
