@@ -353,6 +353,10 @@ SLUICE_WEB_KEEPALIVE = env_int("SLUICE_WEB_KEEPALIVE", 5, minimum=0)
 
 # /readyz: how long one dependency (broker, Redis) may take to answer before it counts as down.
 SLUICE_HEALTH_TIMEOUT_SECONDS = env_int("SLUICE_HEALTH_TIMEOUT_SECONDS", 2, minimum=1)
+# /readyz is open to all: its answer is kept this long per process, and one client address gets
+# at most this many answers a second (then 429).
+SLUICE_READYZ_CACHE_SECONDS = _seconds("SLUICE_READYZ_CACHE_SECONDS", 1.0)
+SLUICE_READYZ_PER_SECOND = env_int("SLUICE_READYZ_PER_SECOND", 10, minimum=1)
 
 # /metrics (config/metrics.py): answered to a request that carries `Authorization: Bearer
 # <SLUICE_METRICS_TOKEN>` or comes from an address in SLUICE_METRICS_ALLOW_FROM; with neither set
