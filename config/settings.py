@@ -6,6 +6,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
+from config.csp import DEFAULT_POLICY
 from config.env import (
     SettingsError,
     cache_from_url,
@@ -49,6 +50,8 @@ SESSION_COOKIE_AGE = env_int("SLUICE_SESSION_SECONDS", 8 * 3600, minimum=60)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# Scripts from this origin only (config/csp.py); the variable replaces the whole policy.
+SLUICE_CONTENT_SECURITY_POLICY = env_str("SLUICE_CONTENT_SECURITY_POLICY", "") or DEFAULT_POLICY
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -70,6 +73,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
