@@ -6,6 +6,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
+from config.csp import DEFAULT_POLICY
 from config.env import (
     SettingsError,
     cache_from_url,
@@ -49,6 +50,8 @@ SESSION_COOKIE_AGE = env_int("SLUICE_SESSION_SECONDS", 8 * 3600, minimum=60)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# Scripts from this origin only (config/csp.py); the variable replaces the whole policy.
+SLUICE_CONTENT_SECURITY_POLICY = env_str("SLUICE_CONTENT_SECURITY_POLICY", "") or DEFAULT_POLICY
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -70,6 +73,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -360,6 +364,10 @@ SLUICE_WEB_KEEPALIVE = env_int("SLUICE_WEB_KEEPALIVE", 5, minimum=0)
 
 # /readyz: how long one dependency (broker, Redis) may take to answer before it counts as down.
 SLUICE_HEALTH_TIMEOUT_SECONDS = env_int("SLUICE_HEALTH_TIMEOUT_SECONDS", 2, minimum=1)
+# /readyz is open to all: its answer is kept this long per process, and one client address gets
+# at most this many answers a second (then 429).
+SLUICE_READYZ_CACHE_SECONDS = _seconds("SLUICE_READYZ_CACHE_SECONDS", 1.0)
+SLUICE_READYZ_PER_SECOND = env_int("SLUICE_READYZ_PER_SECOND", 10, minimum=1)
 
 # /metrics (config/metrics.py): answered to a request that carries `Authorization: Bearer
 # <SLUICE_METRICS_TOKEN>` or comes from an address in SLUICE_METRICS_ALLOW_FROM; with neither set
