@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,21 +61,28 @@ def what_if_run_list(*, version: ProfileVersion) -> QuerySet[LoadRun]:
 
 
 def run_admissions_since(
-    *, workspace: Workspace, since: Any, until: Any = None
-) -> list[tuple[str | None, list[dict[str, Any]]]]:
-    """(profile version, attempts) of the workspace's finished evaluation runs started in the
-    window, oldest first: what a canary comparison counts."""
+    *,
+    workspace: Workspace,
+    since: Any,
+    until: Any = None,
+    finished_from: Any = None,
+    finished_before: Any = None,
+) -> Iterator[tuple[str | None, list[dict[str, Any]]]]:
+    """(profile version, attempts) of the workspace's evaluation runs started in the window
+    and finished in [`finished_from`, `finished_before`) (None: open), in finishing order:
+    what a canary comparison counts, read a chunk at a time."""
     runs = EvaluationRun.objects.filter(
         workspace=workspace, started_at__gte=since, finished_at__isnull=False
     )
     if until is not None:
         runs = runs.filter(started_at__lte=until)
-    return [
-        (version, list(attempts or []))
-        for version, attempts in runs.order_by("started_at", "id").values_list(
-            "profile_version", "attempts"
-        )
-    ]
+    if finished_from is not None:
+        runs = runs.filter(finished_at__gte=finished_from)
+    if finished_before is not None:
+        runs = runs.filter(finished_at__lt=finished_before)
+    rows = runs.order_by("finished_at", "id").values_list("profile_version", "attempts")
+    for version, attempts in rows.iterator(chunk_size=200):
+        yield version, list(attempts or [])
 
 
 @dataclass(frozen=True, slots=True)
