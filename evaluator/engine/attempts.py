@@ -292,6 +292,15 @@ async def _dispatch(
     hold_until_ms: float,
 ) -> tuple[AttemptRecord, Any]:
     evidence = lease.evidence.to_dict()
+    adapter = ctx.adapters[target.adapter]
+    # A provider that documents stopping work on an aborted call sooner shortens the hold.
+    cutoff_ms = getattr(adapter, "abort_cutoff_ms", None)
+
+    def hold_end() -> float:
+        if cutoff_ms is None:
+            return hold_until_ms
+        return min(hold_until_ms, ctx.clock.monotonic_ms() + cutoff_ms)
+
     # Set while the adapter call is under way: leaving then means the call was aborted.
     calling = False
     # Why the permit outlives an aborted call that may still run at the provider.
@@ -316,7 +325,7 @@ async def _dispatch(
         call = AdapterCall(decision.id, prompt, target, decision.output, number, signal)
         calling = True
         try:
-            response = await _invoke(ctx.adapters[target.adapter], call, signal)
+            response = await _invoke(adapter, call, signal)
         except AdapterError as error:
             success = None if error.provider_failure is None else not error.provider_failure
             if error.kind == RATE_LIMITED:
@@ -342,12 +351,10 @@ async def _dispatch(
             )
         except _SignalFired:
             held = None
-            if is_deadline(signal.reason):
-                cause = "timeout"
-            else:
-                cause = "cancelled"
+            cause = "timeout" if is_deadline(signal.reason) else "cancelled"
+            if cause == "cancelled" and hold_end() > ctx.clock.monotonic_ms():
                 hold_reason = signal.reason or cause
-                held = _hold_evidence(ctx, hold_reason, hold_until_ms)
+                held = _hold_evidence(ctx, hold_reason, hold_end())
             record = AttemptRecord(
                 **base,
                 sent=True,
@@ -430,7 +437,7 @@ async def _dispatch(
         if hold_reason is None:
             release()
         else:
-            hold_s = (hold_until_ms - ctx.clock.monotonic_ms()) / 1000.0
+            hold_s = (hold_end() - ctx.clock.monotonic_ms()) / 1000.0
             if hold_s > 0:
                 logger.warning(
                     "call to %s for decision %s aborted (%s) after it may have reached the "
