@@ -42,7 +42,7 @@ from typing import Any, cast
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from admission import refresh, runtime
+from admission import live, refresh, runtime
 from admission.core import AdmissionRegistry
 from evaluator import dispatch, services
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
@@ -112,6 +112,9 @@ class Runner:
         with self.loop.frozen():
             runtime.get_registry()
         refresh.start_listener(self.loop.frozen)
+        if not coordinated:
+            # No shared state to read: publish this process's figures for operators' views.
+            live.start_publisher(self.worker_id, self.loop.loop)
         self._thread.start()
         logger.info(
             "evaluation runner %s: %d slots, admission %s",
@@ -166,6 +169,7 @@ class Runner:
             logger.warning("could not give runs back at shutdown: %s", type(error).__name__)
         finally:
             refresh.stop_listener()
+            live.stop_publisher()
             self.database.shutdown(wait=False)
             connections.close_all()
 

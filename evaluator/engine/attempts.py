@@ -348,6 +348,7 @@ async def _dispatch(
                 tokens=tokens,
                 started_ms=started,
                 ended_ms=ctx.elapsed_ms(),
+                cost_usd=cost,
             )
         except _SignalFired:
             held = None
@@ -405,6 +406,7 @@ async def _dispatch(
                 tokens=tokens,
                 started_ms=started,
                 ended_ms=ctx.elapsed_ms(),
+                cost_usd=float(cost) if valid_amount(cost) else None,
             )
         calling = False
     finally:

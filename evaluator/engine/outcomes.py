@@ -88,6 +88,9 @@ class AttemptRecord:
     tokens: int | None = None
     started_ms: float = 0.0
     ended_ms: float = 0.0
+    # What the call cost as reconciled with admission (the provider's figure, or tokens times
+    # the target's price), when known.
+    cost_usd: float | None = None
     # An aborted call that may have reached the provider keeps its permit: why, and until when
     # (``{"reason", "untilMs"}``, on the run's millisecond scale).
     permit_held: Mapping[str, Any] | None = None
@@ -115,6 +118,8 @@ class AttemptRecord:
             doc["retryAfterMs"] = self.retry_after_ms
         if self.tokens is not None:
             doc["tokens"] = self.tokens
+        if self.cost_usd is not None:
+            doc["costUsd"] = self.cost_usd
         if self.permit_held is not None:
             doc["permitHeld"] = dict(self.permit_held)
         if self.infrastructure_refusals:
@@ -139,6 +144,7 @@ class AttemptRecord:
             tokens=doc.get("tokens"),
             started_ms=doc.get("startedMs", 0.0),
             ended_ms=doc.get("endedMs", 0.0),
+            cost_usd=doc.get("costUsd"),
             permit_held=doc.get("permitHeld"),
             infrastructure_refusals=doc.get("infrastructureRefusals"),
             infrastructure_wait_ms=doc.get("infrastructureWaitMs"),
