@@ -97,6 +97,49 @@ class RunProgress:
     attempts: list[dict[str, Any]]
     in_flight: dict[str, Any] | None
 
+    @property
+    def refusals(self) -> dict[str, int]:
+        """Admission refusals by reason, over every attempt: those that ended an attempt and
+        those an attempt waited through (refusals caused by our own infrastructure)."""
+        counts: dict[str, int] = {}
+        for attempt in self.attempts:
+            evidence = attempt.get("evidence") or {}
+            if not attempt.get("sent") and evidence.get("decision") == "reject":
+                reason = str(attempt.get("reason"))
+                if reason not in (attempt.get("infrastructureRefusals") or {}):
+                    counts[reason] = counts.get(reason, 0) + 1
+            for reason, count in (attempt.get("infrastructureRefusals") or {}).items():
+                counts[reason] = counts.get(reason, 0) + int(count)
+        return dict(sorted(counts.items()))
+
+    @property
+    def outage(self) -> dict[str, Any] | None:
+        """What an outage of our own infrastructure did to the run, None when it met none:
+        refusals by reason, the decisions it delayed, and those whose deadline passed while
+        they waited (they ended `timeout`)."""
+        refusals: dict[str, int] = {}
+        delayed: set[str] = set()
+        timed_out: set[str] = set()
+        waited_ms = 0.0
+        for attempt in self.attempts:
+            met = attempt.get("infrastructureRefusals") or {}
+            if not met:
+                continue
+            for reason, count in met.items():
+                refusals[reason] = refusals.get(reason, 0) + int(count)
+            delayed.add(attempt["decisionId"])
+            waited_ms += float(attempt.get("infrastructureWaitMs") or 0.0)
+            if not attempt.get("sent") and attempt.get("reason") in met:
+                timed_out.add(attempt["decisionId"])
+        if not refusals:
+            return None
+        return {
+            "refusals": dict(sorted(refusals.items())),
+            "decisionsDelayed": len(delayed),
+            "decisionsUnanswered": len(timed_out),
+            "waitedMs": round(waited_ms, 1),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "decisionsTotal": self.decisions_total,
@@ -104,6 +147,8 @@ class RunProgress:
             "outcomes": self.outcomes,
             "attempts": len(self.attempts),
             "inFlight": self.in_flight,
+            "refusals": self.refusals,
+            "outage": self.outage,
         }
 
 
