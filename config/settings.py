@@ -6,6 +6,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
+from config.csp import DEFAULT_POLICY
 from config.env import (
     SettingsError,
     cache_from_url,
@@ -49,6 +50,8 @@ SESSION_COOKIE_AGE = env_int("SLUICE_SESSION_SECONDS", 8 * 3600, minimum=60)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# Scripts from this origin only (config/csp.py); the variable replaces the whole policy.
+SLUICE_CONTENT_SECURITY_POLICY = env_str("SLUICE_CONTENT_SECURITY_POLICY", "") or DEFAULT_POLICY
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -70,6 +73,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -150,9 +154,21 @@ STATIC_ROOT = VAR_DIR / "static"
 
 LOGIN_URL = "/admin/login/"
 
-# One bound for every request body; the API's JSON parser also bounds nesting depth.
+# Request bodies: one bound for every body, and a cap per API endpoint at what it needs (the API's
+# JSON parser, config/api_parsers.py); the parser also bounds nesting depth in linear time.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SLUICE_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
 SLUICE_MAX_JSON_DEPTH = env_int("SLUICE_MAX_JSON_DEPTH", 64, minimum=4)
+# Approvals, rejections, cancels, load-run starts, token requests: a comment and a few names.
+SLUICE_MAX_ACTION_REQUEST_BYTES = env_int("SLUICE_MAX_ACTION_REQUEST_BYTES", 65_536, minimum=1024)
+# A proposed profile document: its size as compact JSON and the principals it names; and the
+# versions one workspace may keep awaiting approval or rejection.
+SLUICE_MAX_PROFILE_BYTES = env_int("SLUICE_MAX_PROFILE_BYTES", 262_144, minimum=1024)
+SLUICE_MAX_PROFILE_PRINCIPALS = env_int("SLUICE_MAX_PROFILE_PRINCIPALS", 1000, minimum=1)
+SLUICE_MAX_PENDING_VERSIONS = env_int("SLUICE_MAX_PENDING_VERSIONS", 20, minimum=1)
+# A profile proposal's body: the document as sent (indented, escaped) plus its envelope.
+SLUICE_MAX_PROFILE_REQUEST_BYTES = 2 * SLUICE_MAX_PROFILE_BYTES + 65_536
+# An evaluation's body (ruleset and input) may use the whole SLUICE_MAX_REQUEST_BYTES.
+SLUICE_MAX_EVALUATION_REQUEST_BYTES = DATA_UPLOAD_MAX_MEMORY_SIZE
 
 # No settings, environment or local variables on any error page, DEBUG or not.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "config.error_reports.RedactingReporterFilter"
@@ -309,6 +325,13 @@ SLUICE_ADMISSION_ON_REDIS_FAILURE = env_choice(
 SLUICE_ADMISSION_EXPECTED_WORKERS = env_int("SLUICE_ADMISSION_EXPECTED_WORKERS", 1, minimum=1)
 SLUICE_ADMISSION_BUDGET_TTL_MS = env_int("SLUICE_ADMISSION_BUDGET_TTL_MS", 86_400_000, minimum=1)
 SLUICE_ADMISSION_IDLE_TTL_MS = env_int("SLUICE_ADMISSION_IDLE_TTL_MS", 3_600_000, minimum=1)
+# How long hourly usage aggregates (evaluator/usage.py) are kept, in days:
+SLUICE_USAGE_RETENTION_DAYS = env_int("SLUICE_USAGE_RETENTION_DAYS", 90, minimum=1)
+# With admission kept in one process, how often its worker publishes live figures for the
+# admin's Live admission page and /metrics (admission/live.py):
+SLUICE_ADMISSION_SNAPSHOT_SECONDS = _seconds(
+    "SLUICE_ADMISSION_SNAPSHOT_SECONDS", 5.0, minimum=0.05, exclusive=True
+)
 
 # Where staged-provider load runs send the manifest's calls (evaluator/deployment.py); unset, a
 # deployment offers no staged runs.
@@ -333,12 +356,18 @@ STORAGES = {
 SLUICE_WEB_BIND = env_str("SLUICE_WEB_BIND", "") or "127.0.0.1:8000"
 SLUICE_WEB_WORKERS = env_int("SLUICE_WEB_WORKERS", 2, minimum=1)
 SLUICE_WEB_THREADS = env_int("SLUICE_WEB_THREADS", 1, minimum=1)
-SLUICE_WEB_TIMEOUT = env_int("SLUICE_WEB_TIMEOUT", 30, minimum=1)
+# No request holds a worker longer than this: past it gunicorn's master restarts the worker. Every
+# API request is bounded well below it (body caps, linear-time JSON checks, paginated lists).
+SLUICE_WEB_TIMEOUT = env_int("SLUICE_WEB_TIMEOUT", 10, minimum=1)
 SLUICE_WEB_GRACEFUL_TIMEOUT = env_int("SLUICE_WEB_GRACEFUL_TIMEOUT", 30, minimum=1)
 SLUICE_WEB_KEEPALIVE = env_int("SLUICE_WEB_KEEPALIVE", 5, minimum=0)
 
 # /readyz: how long one dependency (broker, Redis) may take to answer before it counts as down.
 SLUICE_HEALTH_TIMEOUT_SECONDS = env_int("SLUICE_HEALTH_TIMEOUT_SECONDS", 2, minimum=1)
+# /readyz is open to all: its answer is kept this long per process, and one client address gets
+# at most this many answers a second (then 429).
+SLUICE_READYZ_CACHE_SECONDS = _seconds("SLUICE_READYZ_CACHE_SECONDS", 1.0)
+SLUICE_READYZ_PER_SECOND = env_int("SLUICE_READYZ_PER_SECOND", 10, minimum=1)
 
 # /metrics (config/metrics.py): answered to a request that carries `Authorization: Bearer
 # <SLUICE_METRICS_TOKEN>` or comes from an address in SLUICE_METRICS_ALLOW_FROM; with neither set
@@ -395,3 +424,7 @@ SLUICE_CANCEL_CHECK_SECONDS = env_float(
     "SLUICE_CANCEL_CHECK_SECONDS", 1.0, minimum=0.0, exclusive=True
 )
 SLUICE_MAX_DECISIONS = env_int("SLUICE_MAX_DECISIONS", 1000, minimum=1)
+# The most characters one decision's rendered prompt may hold (its placeholders filled from the
+# input): the provider's context window in characters. Above it a submission is refused with a
+# 400 naming the prompt; a run that meets it anyway records a `prompt-too-large` attempt.
+SLUICE_MAX_PROMPT_CHARS = env_int("SLUICE_MAX_PROMPT_CHARS", 512_000, minimum=1)

@@ -42,7 +42,7 @@ from typing import Any, cast
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from admission import refresh, runtime
+from admission import live, refresh, runtime
 from admission.core import AdmissionRegistry
 from evaluator import dispatch, services
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
@@ -112,6 +112,9 @@ class Runner:
         with self.loop.frozen():
             runtime.get_registry()
         refresh.start_listener(self.loop.frozen)
+        if not coordinated:
+            # No shared state to read: publish this process's figures for operators' views.
+            live.start_publisher(self.worker_id, self.loop.loop)
         self._thread.start()
         logger.info(
             "evaluation runner %s: %d slots, admission %s",
@@ -166,6 +169,7 @@ class Runner:
             logger.warning("could not give runs back at shutdown: %s", type(error).__name__)
         finally:
             refresh.stop_listener()
+            live.stop_publisher()
             self.database.shutdown(wait=False)
             connections.close_all()
 
@@ -258,11 +262,13 @@ class Runner:
             self._execute(run, held, start, _SlotFreeingRegistry(self, registry)), self.loop.loop
         )
         held.future = future
-        future.add_done_callback(lambda _: self._ended(run.pk))
+        future.add_done_callback(lambda _: self._ended(run.pk, held))
 
-    def _ended(self, run_id: uuid.UUID) -> None:
+    def _ended(self, run_id: uuid.UUID, held: _Held) -> None:
         with self._lock:
-            self._held.pop(run_id, None)
+            # A run taken away and claimed again by this process is held anew meanwhile.
+            if self._held.get(run_id) is held:
+                del self._held[run_id]
         self.counters.finished += 1
         self._wake.set()
 

@@ -30,13 +30,13 @@ from admission import access, rollout, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
-from evaluator import qualification
+from evaluator import qualification, usage
 from evaluator.cancel_watch import run_cancel_signal
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
-from evaluator.engine.rulesets import MAX_DECISIONS
+from evaluator.engine.rulesets import MAX_DECISIONS, prompt_values
 from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
@@ -188,6 +188,16 @@ def _parse_request(
         known = adapter_ids(workspace.key)
     except AdapterConfigError as error:
         raise InvalidRunRequest(str(error), field="ruleset") from None
+    oversized = request.ruleset.oversized_prompt(
+        prompt_values(request.input), settings.SLUICE_MAX_PROMPT_CHARS
+    )
+    if oversized is not None:
+        index, length = oversized
+        raise InvalidRunRequest(
+            f"renders to {length} characters with this input; this deployment sends at most "
+            f"{settings.SLUICE_MAX_PROMPT_CHARS} (SLUICE_MAX_PROMPT_CHARS)",
+            field=f"ruleset.decisions[{index}].prompt",
+        )
     unknown = request.ruleset.unknown_adapter_field(known)
     if unknown is not None:
         raise InvalidRunRequest(
@@ -309,6 +319,7 @@ async def evaluate(
                 adapters=adapters,
                 receipt_store=store,
                 telemetry=evaluator_telemetry(),
+                max_prompt_chars=settings.SLUICE_MAX_PROMPT_CHARS,
             )
     finally:
         for adapter in adapters.values():
@@ -554,4 +565,7 @@ def _finish(run: RunT, *, status: str, claim: uuid.UUID | None = None, **values:
         for name, value in values.items():
             setattr(locked, name, value)
         locked.save()
+        if isinstance(locked, EvaluationRun):
+            # In the same transaction: a run's usage counts exactly once.
+            usage.usage_record_run(locked)
     return locked

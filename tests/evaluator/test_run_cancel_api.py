@@ -70,6 +70,8 @@ def test_a_queued_run_is_cancelled_at_once(demo):
         "attempts": 0,
         "inFlight": [],
         "maxInFlight": 0,
+        "refusals": {},
+        "outage": None,
     }
 
     response = _cancel(client, run["id"])
@@ -253,6 +255,8 @@ def test_a_running_run_shows_its_progress_from_the_receipt_its_worker_writes(dem
             }
         ],
         "maxInFlight": 1,
+        "refusals": {},
+        "outage": None,
     }
     assert [
         (a["decisionId"], a["outcome"], a["evidence"]["decision"]) for a in body["attempts"]
