@@ -55,7 +55,6 @@ from evaluator import selectors as evaluator_selectors
 from evaluator.models import LoadRun
 from evaluator.services import RunServiceError, load_run_submit
 
-
 # The site's own name on every admin page (and the browser tab), not Django's.
 admin.site.site_header = "Sluice"
 admin.site.site_title = "Sluice"
