@@ -205,6 +205,16 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
             counts = ", ".join(f"{count} {status}" for status, count in progress.outcomes.items())
             parts[0] += f" ({counts})"
         parts.append(f"{len(progress.attempts)} attempts")
+        if progress.refusals:
+            counts = ", ".join(f"{n} {reason}" for reason, n in progress.refusals.items())
+            parts.append(f"admission refusals: {counts}")
+        outage = progress.outage
+        if outage is not None:
+            parts.append(
+                f"outage: {outage['decisionsDelayed']} decisions waited "
+                f"{outage['waitedMs'] / 1000:.1f} s for admission, "
+                f"{outage['decisionsUnanswered']} ended unanswered"
+            )
         flight = progress.in_flight
         if flight is not None:
             evidence = flight.get("evidence") or {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,21 +61,28 @@ def what_if_run_list(*, version: ProfileVersion) -> QuerySet[LoadRun]:
 
 
 def run_admissions_since(
-    *, workspace: Workspace, since: Any, until: Any = None
-) -> list[tuple[str | None, list[dict[str, Any]]]]:
-    """(profile version, attempts) of the workspace's finished evaluation runs started in the
-    window, oldest first: what a canary comparison counts."""
+    *,
+    workspace: Workspace,
+    since: Any,
+    until: Any = None,
+    finished_from: Any = None,
+    finished_before: Any = None,
+) -> Iterator[tuple[str | None, list[dict[str, Any]]]]:
+    """(profile version, attempts) of the workspace's evaluation runs started in the window
+    and finished in [`finished_from`, `finished_before`) (None: open), in finishing order:
+    what a canary comparison counts, read a chunk at a time."""
     runs = EvaluationRun.objects.filter(
         workspace=workspace, started_at__gte=since, finished_at__isnull=False
     )
     if until is not None:
         runs = runs.filter(started_at__lte=until)
-    return [
-        (version, list(attempts or []))
-        for version, attempts in runs.order_by("started_at", "id").values_list(
-            "profile_version", "attempts"
-        )
-    ]
+    if finished_from is not None:
+        runs = runs.filter(finished_at__gte=finished_from)
+    if finished_before is not None:
+        runs = runs.filter(finished_at__lt=finished_before)
+    rows = runs.order_by("finished_at", "id").values_list("profile_version", "attempts")
+    for version, attempts in rows.iterator(chunk_size=200):
+        yield version, list(attempts or [])
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +97,49 @@ class RunProgress:
     attempts: list[dict[str, Any]]
     in_flight: dict[str, Any] | None
 
+    @property
+    def refusals(self) -> dict[str, int]:
+        """Admission refusals by reason, over every attempt: those that ended an attempt and
+        those an attempt waited through (refusals caused by our own infrastructure)."""
+        counts: dict[str, int] = {}
+        for attempt in self.attempts:
+            evidence = attempt.get("evidence") or {}
+            if not attempt.get("sent") and evidence.get("decision") == "reject":
+                reason = str(attempt.get("reason"))
+                if reason not in (attempt.get("infrastructureRefusals") or {}):
+                    counts[reason] = counts.get(reason, 0) + 1
+            for reason, count in (attempt.get("infrastructureRefusals") or {}).items():
+                counts[reason] = counts.get(reason, 0) + int(count)
+        return dict(sorted(counts.items()))
+
+    @property
+    def outage(self) -> dict[str, Any] | None:
+        """What an outage of our own infrastructure did to the run, None when it met none:
+        refusals by reason, the decisions it delayed, and those whose deadline passed while
+        they waited (they ended `timeout`)."""
+        refusals: dict[str, int] = {}
+        delayed: set[str] = set()
+        timed_out: set[str] = set()
+        waited_ms = 0.0
+        for attempt in self.attempts:
+            met = attempt.get("infrastructureRefusals") or {}
+            if not met:
+                continue
+            for reason, count in met.items():
+                refusals[reason] = refusals.get(reason, 0) + int(count)
+            delayed.add(attempt["decisionId"])
+            waited_ms += float(attempt.get("infrastructureWaitMs") or 0.0)
+            if not attempt.get("sent") and attempt.get("reason") in met:
+                timed_out.add(attempt["decisionId"])
+        if not refusals:
+            return None
+        return {
+            "refusals": dict(sorted(refusals.items())),
+            "decisionsDelayed": len(delayed),
+            "decisionsUnanswered": len(timed_out),
+            "waitedMs": round(waited_ms, 1),
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "decisionsTotal": self.decisions_total,
@@ -96,6 +147,8 @@ class RunProgress:
             "outcomes": self.outcomes,
             "attempts": len(self.attempts),
             "inFlight": self.in_flight,
+            "refusals": self.refusals,
+            "outage": self.outage,
         }
 
 

@@ -69,6 +69,8 @@ def test_a_queued_run_is_cancelled_at_once(demo):
         "outcomes": {},
         "attempts": 0,
         "inFlight": None,
+        "refusals": {},
+        "outage": None,
     }
 
     response = _cancel(client, run["id"])
@@ -249,6 +251,8 @@ def test_a_running_run_shows_its_progress_from_the_receipt_its_worker_writes(dem
                 "active": 1,
             },
         },
+        "refusals": {},
+        "outage": None,
     }
     assert [
         (a["decisionId"], a["outcome"], a["evidence"]["decision"]) for a in body["attempts"]
