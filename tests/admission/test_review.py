@@ -208,8 +208,8 @@ def test_the_what_if_form_reports_a_bad_mapping_on_the_page(
         client, "run_what_if", [version], mapping='{"providers": {"jev": "nope"}}', **extra
     )
     assert _messages(refused) == [
-        "acme:v1: mapping.providers.jev: the profile has no provider 'nope' (it has jev, "
-        "llm-subagent)"
+        "Refused: acme:v1: mapping.providers.jev: the profile has no provider 'nope' (it has "
+        "jev, llm-subagent)"
     ]
     assert not LoadRun.objects.exists()
 
@@ -225,7 +225,11 @@ def test_refusals_do_not_repeat_the_label(workspace, proposer, make_document):
     )
     checks = {f"check_{key}": "on" for key, _ in services.RUNBOOK_CHECKLIST}
     refused = _act(_login(proposer), "approve_selected", [version], post="yes", **checks)
-    assert _messages(refused) == ["acme:v1 was proposed by pat; a second person must decide it"]
+    # Refused before the checklist, once, and the key keeps its case.
+    assert _messages(refused) == [
+        "Not offered: you proposed acme:v1, so a second person must decide it (four-eyes rule "
+        "of RUN-JEV-ADMISSION-v1)."
+    ]
 
 
 def test_the_rollback_request_asks_for_a_reason_that_the_ledger_shows(
