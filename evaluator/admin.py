@@ -26,7 +26,7 @@ from admission.admin import (
     WorkspaceScopedAdminMixin,
     json_block,
 )
-from evaluator import cancellation, selectors, services
+from evaluator import cancellation, load_runs, selectors, services
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
 from evaluator.load_charts import load_run_glance
 from evaluator.models import EvaluationRun, LoadRun, Receipt
@@ -329,13 +329,58 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
         "finished_at",
         "updated_at",
         "duration",
+        "load_progress",
+        "cancel_requested_at",
+        "cancel_requested_by",
         "error_pretty",
         "comparisons",
         "record_pretty",
     )
     fields = readonly_fields
-    actions = ("run_again",)
+    actions = ("run_again", "cancel_load_runs")
     add_act = access.RUN_LOAD
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """An unfinished load run's page offers a button that runs the cancel action on it."""
+        context = dict(extra_context or {})
+        run = self.get_object(request, unquote(object_id))
+        if (
+            run is not None
+            and not run.finished
+            and access.can(request.user, access.RUN_LOAD, run.workspace)
+        ):
+            context["cancel_action"] = "cancel_load_runs"
+        return super().change_view(request, object_id, form_url, context)
+
+    @admin.display(description="progress")
+    def load_progress(self, obj: LoadRun) -> str:
+        if obj.progress is None:
+            return "-"
+        return f"{obj.progress:.0%}"
+
+    @admin.action(description="Cancel the selected load runs", permissions=["add"])
+    def cancel_load_runs(self, request: HttpRequest, queryset: QuerySet[LoadRun]) -> None:
+        for run in queryset.select_related("workspace"):
+            try:
+                done = load_runs.load_run_cancel(run, request.user)
+            except services.RunServiceError as error:
+                self.message_user(request, f"{run}: {error}", messages.ERROR)
+                continue
+            self.log_change(request, done, "Cancel requested.")
+            if done.finished:
+                self.message_user(request, f"Cancelled {done}.", messages.SUCCESS)
+            else:
+                self.message_user(
+                    request,
+                    f"Cancel requested for {done}; its worker stops it within seconds.",
+                    messages.SUCCESS,
+                )
 
     def render_change_form(
         self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
@@ -377,8 +422,6 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
                         form.cleaned_data["manifest"],
                         form.cleaned_data["target"],
                     )
-                except services.BrokerUnavailable as error:
-                    form.add_error(None, str(error))
                 except services.RunServiceError as error:
                     form.add_error(error.field if error.field in form.fields else None, str(error))
                 else:

@@ -37,7 +37,7 @@ def load_run_list(*, workspace: Workspace) -> QuerySet[LoadRun]:
     """A workspace's load runs, newest first."""
     return (
         LoadRun.objects.filter(workspace=workspace)
-        .select_related("workspace", "submitted_by", "what_if_version")
+        .select_related("workspace", "submitted_by", "what_if_version", "cancel_requested_by")
         .order_by("-created_at", "-id")
     )
 

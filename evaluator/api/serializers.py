@@ -167,7 +167,26 @@ class LoadRunSerializer(WorkerRunSerializer):
     record = serializers.JSONField(
         read_only=True, allow_null=True, help_text="The decision-load-result/v1 record."
     )
-    status = serializers.CharField(read_only=True, help_text="queued, running, completed, failed")
+    status = serializers.CharField(
+        read_only=True, help_text="queued, running, " + ", ".join(sorted(LoadRun.TERMINAL))
+    )
+    progress = serializers.FloatField(
+        read_only=True,
+        allow_null=True,
+        help_text="How far the harness got while it runs, 0 to 1 (null while queued).",
+    )
+    cancelRequestedAt = serializers.DateTimeField(
+        source="cancel_requested_at",
+        read_only=True,
+        allow_null=True,
+        help_text="When somebody asked to cancel the run (null if nobody did).",
+    )
+    cancelRequestedBy = serializers.CharField(
+        source="cancel_requested_by.username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who asked to cancel the run.",
+    )
     whatIfVersion = serializers.CharField(
         source="what_if_version.profile_version",
         read_only=True,
@@ -187,6 +206,7 @@ class LoadRunSerializer(WorkerRunSerializer):
             "manifest",
             "target",
             "status",
+            "progress",
             "manifestDigest",
             "passed",
             "deliveries",
@@ -194,6 +214,8 @@ class LoadRunSerializer(WorkerRunSerializer):
             "createdAt",
             "startedAt",
             "finishedAt",
+            "cancelRequestedAt",
+            "cancelRequestedBy",
             "error",
             "whatIfVersion",
             "mapping",

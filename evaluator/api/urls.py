@@ -34,4 +34,9 @@ urlpatterns = [
         views.LoadRunDetailView.as_view(),
         name="workspace-load-run-detail",
     ),
+    path(
+        f"{_WORKSPACE}/load-runs/<str:run_id>/cancel/",
+        views.LoadRunCancelView.as_view(),
+        name="workspace-load-run-cancel",
+    ),
 ]

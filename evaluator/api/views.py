@@ -22,7 +22,7 @@ from admission.api.pagination import CheckedCursorPagination
 from admission.api.serializers import ErrorSerializer
 from admission.api.views import WorkspaceScopedMixin
 from config.api_parsers import BoundedJSONParser
-from evaluator import cancellation, selectors, services
+from evaluator import cancellation, load_runs, selectors, services
 from evaluator.api.serializers import (
     EvaluationRunSerializer,
     EvaluationRunSummarySerializer,
@@ -48,6 +48,12 @@ class BrokerUnavailableError(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_code = "broker-unavailable"
     default_detail = "The task broker is unavailable; the run was not queued. Try again."
+
+
+class LoadBacklogFullError(APIException):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_code = "throttled"
+    default_detail = "The workspace has as many load runs waiting as it may."
 
 
 class RunFinishedError(APIException):
@@ -220,12 +226,21 @@ class LoadRunListView(WorkspaceScopedMixin, generics.ListAPIView):
 
     @extend_schema(
         request=LoadRunSubmitSerializer,
+        parameters=[RETRY_AFTER],
         responses={
-            201: LoadRunSerializer,
+            201: OpenApiResponse(
+                LoadRunSerializer,
+                description="Queued: a worker claims it fairly across workspaces, at most "
+                "SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT of this workspace at once.",
+            ),
             400: INVALID,
             403: ErrorSerializer,
             404: NOT_FOUND,
-            503: BROKER_DOWN,
+            429: OpenApiResponse(
+                ErrorSerializer,
+                description="`throttled`: this caller submitted too many runs, or the workspace "
+                "already has SLUICE_WORKSPACE_LOAD_RUNS_QUEUED load runs waiting.",
+            ),
         },
     )
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -238,8 +253,8 @@ class LoadRunListView(WorkspaceScopedMixin, generics.ListAPIView):
                 payload.validated_data["manifest"],
                 payload.validated_data["target"],
             )
-        except services.BrokerUnavailable as error:
-            raise BrokerUnavailableError(str(error)) from error
+        except services.LoadRunBacklogFull as error:
+            raise LoadBacklogFullError(str(error)) from error
         except services.LoadRunNotAllowed as error:
             raise PermissionDenied(str(error)) from error
         except services.RunServiceError as error:
@@ -263,3 +278,43 @@ class LoadRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         if run is None:
             raise NotFound("No such load run.")
         return Response(self.get_serializer(run).data)
+
+
+@extend_schema(
+    tags=["load runs"],
+    parameters=[WORKSPACE_KEY, RUN_ID],
+    request=None,
+    responses={
+        200: OpenApiResponse(
+            LoadRunSerializer, description="The load run was queued: it is now cancelled."
+        ),
+        202: OpenApiResponse(
+            LoadRunSerializer,
+            description="The load run is running: the cancel is requested (`cancelRequestedAt` "
+            "is set) and the worker running it ends it `cancelled` at its next progress report, "
+            "within about a second.",
+        ),
+        403: OpenApiResponse(ErrorSerializer, description="Operators cancel load runs."),
+        404: NOT_FOUND,
+        409: OpenApiResponse(ErrorSerializer, description="`run-finished`: the run already ended."),
+    },
+)
+class LoadRunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
+    """Cancel a queued or running load run (what-if runs included)."""
+
+    serializer_class = LoadRunSerializer
+    filter_backends: list[Any] = []
+    write_act = access.RUN_LOAD
+
+    def post(self, request: Request, workspace_key: str, run_id: str) -> Response:
+        run = selectors.load_run_get(workspace=self.get_workspace(), run_id=run_id)
+        if run is None:
+            raise NotFound("No such load run.")
+        try:
+            run = load_runs.load_run_cancel(run, request.user)
+        except cancellation.RunCancelNotAllowed as error:
+            raise PermissionDenied(str(error)) from error
+        except cancellation.RunAlreadyFinished as error:
+            raise RunFinishedError(str(error)) from error
+        code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
+        return Response(self.get_serializer(run).data, status=code)
