@@ -1,4 +1,10 @@
-"""The API's only parser: JSON bounded in size and depth before parsing, checked after."""
+"""The API's only parser: JSON bounded in size and depth before parsing, checked after.
+
+Every API view reads its body through this parser (authentication's CSRF check included), so the
+bounds hold whatever reads the body first. The size cap is per endpoint: a view names the setting
+that holds its cap in `body_limit_setting`; views that name none take the small action cap
+(`SLUICE_MAX_ACTION_REQUEST_BYTES`). No cap exceeds `SLUICE_MAX_REQUEST_BYTES`.
+"""
 
 from __future__ import annotations
 
@@ -19,14 +25,22 @@ class RequestTooLarge(APIException):
     default_detail = "The request body is larger than this deployment accepts."
 
 
-def request_too_large() -> RequestTooLarge:
-    return RequestTooLarge(
-        f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes."
-    )
+DEFAULT_BODY_LIMIT_SETTING = "SLUICE_MAX_ACTION_REQUEST_BYTES"
+
+
+def request_too_large(limit: int | None = None) -> RequestTooLarge:
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE if limit is None else limit
+    return RequestTooLarge(f"The request body is larger than {limit} bytes.")
+
+
+def body_limit(view: object) -> int:
+    """The most bytes `view` reads from a request body."""
+    name = getattr(view, "body_limit_setting", DEFAULT_BODY_LIMIT_SETTING)
+    return min(int(getattr(settings, name)), int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
 
 
 class BoundedJSONParser(JSONParser):
-    """JSON of at most `DATA_UPLOAD_MAX_MEMORY_SIZE` bytes and `SLUICE_MAX_JSON_DEPTH` levels.
+    """JSON of at most the view's body cap and `SLUICE_MAX_JSON_DEPTH` levels.
 
     Syntax and depth problems are a `parse_error`; a NUL, a lone surrogate or a non-finite
     number is a validation error naming the field that holds it.
@@ -38,10 +52,10 @@ class BoundedJSONParser(JSONParser):
         media_type: str | None = None,
         parser_context: Mapping[str, Any] | None = None,
     ) -> Any:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        limit = body_limit((parser_context or {}).get("view"))
         raw = stream.read(limit + 1)
         if len(raw) > limit:
-            raise request_too_large()
+            raise request_too_large(limit)
         encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
         try:
             # str.encode refuses codecs that are not text encodings (bz2_codec and the like).

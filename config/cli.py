@@ -62,39 +62,71 @@ def _setup_django() -> None:
     Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
 
 
-def _prepare(verbosity: int) -> Any:
+def _prepare(verbosity: int) -> tuple[Any, Path | None]:
+    """Migrate, set up the demo, and keep the passwords of accounts it created in a file only
+    the owner can read (the database has digests only). Returns the demo and that file."""
     _setup_django()
+    from django.conf import settings
     from django.core.management import call_command
 
-    from config.demo import demo_setup
+    from config.demo import credentials_file_save, demo_setup
 
     call_command("migrate", interactive=False, verbosity=verbosity)
-    return demo_setup()
+    demo = demo_setup()
+    return demo, credentials_file_save(demo, Path(settings.VAR_DIR))
 
 
 def demo_setup_command(args: argparse.Namespace) -> int:
-    demo = _prepare(verbosity=0 if args.json else 1)
-    if args.json:
-        print(json.dumps(demo.as_dict()))
+    demo, credentials = _prepare(verbosity=0 if args.json or args.token else 1)
+    users = {user.username: user for user in (demo.proposer, demo.approver)}
+    if args.token:
+        if args.token not in users:
+            names = " or ".join(users)
+            print(f"error: --token takes a demo user, {names}; got {args.token!r}", file=sys.stderr)
+            return 2
+        print(users[args.token].token)
+    elif args.json:
+        print(json.dumps(demo.as_dict() | {"credentialsFile": _shown_path(credentials)}))
     else:
-        _print_credentials(demo)
+        _print_credentials(demo, credentials)
     return 0
 
 
-def _print_credentials(demo: Any) -> None:
+def _shown_path(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _print_credentials(demo: Any, credentials: Path | None = None) -> None:
     print(f"Demo workspace {demo.workspace!r}, active profile {demo.profile_version!r}.")
     for user in (demo.proposer, demo.approver):
-        password = user.password or "(shown once, when created)"
+        kept = "(in the file below)" if credentials is not None else "(shown once, when created)"
+        password = user.password or kept
         print(f"  user {user.username:<14} password {password:<20} API token {user.token}")
-    if demo.proposer.password is None:
+    if credentials is not None:
+        print(f"  The passwords are kept in {_shown_path(credentials)} (readable by you only).")
+    elif demo.proposer.password is None:
         print(
             "  Passwords are shown only when the accounts are created; "
             "`manage.py changepassword NAME` sets a new one."
         )
 
 
-def _banner(demo: Any, addr: str, broker: str, database: str, *, show_credentials: bool) -> None:
-    """Where Sluice runs and how to try it; passwords and tokens only when `show_credentials`."""
+def _banner(
+    demo: Any,
+    addr: str,
+    broker: str,
+    database: str,
+    *,
+    show_credentials: bool,
+    credentials: Path | None = None,
+) -> None:
+    """Where Sluice runs and how to try it; passwords and tokens only when `show_credentials`,
+    else where the passwords are kept and how to get a token."""
     base = f"http://{addr}"
     evaluations = f"{base}/api/workspaces/{demo.workspace}/evaluations/"
     lines = [
@@ -107,21 +139,34 @@ def _banner(demo: Any, addr: str, broker: str, database: str, *, show_credential
         "",
     ]
     print("\n".join(lines))
+    user = demo.proposer.username
+    # An absolute path, so the lines work from any directory; -S shows curl's own errors.
+    document = shlex.quote(f"@{BASE_DIR / 'docs' / 'example-evaluation.json'}")
+    setup = (
+        f"cd {shlex.quote(str(BASE_DIR))} && {shlex.quote(sys.executable)} -m config.cli demo-setup"
+    )
     if show_credentials:
-        _print_credentials(demo)
+        _print_credentials(demo, credentials)
         token = demo.proposer.token
+        how = f"with {user}'s API token"
+        fetch = ""
     else:
+        kept = (
+            f"The demo passwords are in {_shown_path(credentials)} (readable by you only).\n"
+            if credentials is not None
+            else ""
+        )
         print(
             f"Demo credentials are not printed: the server listens on {addr}, not on the default "
-            f"{DEFAULT_ADDR}.\nShow them with SLUICE_SHOW_CREDENTIALS=1 (or --show-credentials), "
-            f"or run: cd {shlex.quote(str(BASE_DIR))} && {shlex.quote(sys.executable)} "
-            "-m config.cli demo-setup"
+            f"{DEFAULT_ADDR}.\n{kept}Show them with SLUICE_SHOW_CREDENTIALS=1 "
+            f"(or --show-credentials), or run: {setup}"
         )
         token = "$TOKEN"
-    # An absolute path, so the line works from any directory; -S shows curl's own errors.
-    document = shlex.quote(f"@{BASE_DIR / 'docs' / 'example-evaluation.json'}")
+        how = f"TOKEN is {user}'s API token; the first line issues a new one"
+        fetch = f"  TOKEN=$({setup} --token {user})\n"
     print(
-        "\nRun an evaluation (docs/quick-tour.md explains the document):\n"
+        f"\nRun an evaluation as {user} ({how}; docs/quick-tour.md explains the document):\n"
+        f"{fetch}"
         f"  curl -sS -H \"Authorization: Token {token}\" -H 'Content-Type: application/json' \\\n"
         f"    -d {document} {evaluations}\n"
         "\nPress Ctrl-C to stop the web server and the worker.\n",
@@ -187,7 +232,7 @@ def _wait_ready(url: str, supervisor: Supervisor) -> bool:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    demo = _prepare(verbosity=1)
+    demo, credentials = _prepare(verbosity=1)
     from django.conf import settings
 
     database = f"{str(settings.DATABASES['default']['ENGINE']).rsplit('.', 1)[-1]} " + str(
@@ -214,7 +259,14 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         if _wait_ready(f"http://{args.addr}/readyz", supervisor):
             show = args.show_credentials or args.addr == DEFAULT_ADDR
-            _banner(demo, args.addr, broker, database, show_credentials=show)
+            _banner(
+                demo,
+                args.addr,
+                broker,
+                database,
+                show_credentials=show,
+                credentials=credentials,
+            )
         while not supervisor.stopping:
             name = supervisor.exited()
             if name is not None:
@@ -351,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(handler=run_command)
     setup = commands.add_parser("demo-setup", help="migrate and set up the demo, idempotently")
     setup.add_argument("--json", action="store_true", help="print the credentials as JSON")
+    setup.add_argument(
+        "--token", metavar="USER", help="print only a new API token of this demo user"
+    )
     setup.add_argument("--addr", default=addr)
     setup.set_defaults(handler=demo_setup_command)
     _add_web_command(commands)

@@ -2,17 +2,20 @@
 profile that went through propose → approve → activate, and API tokens.
 
 Created once and never reset: accounts that exist are left exactly as an operator left them
-(password, staff status, roles). Passwords are random per deployment and shown once, when the
-accounts are created, unless `SLUICE_DEMO_FIXED_PASSWORDS` asks for the documented ones. Every
-run issues each demo user a fresh API token (tokens are stored as digests, so an old one cannot
-be shown again).
+(password, staff status, roles). Passwords are random per deployment, unless
+`SLUICE_DEMO_FIXED_PASSWORDS` asks for the documented ones; the launcher keeps the ones it created
+in a file only its owner can read (`credentials_file_save`), since the database holds digests
+only. Every run issues each demo user a fresh API token (tokens are stored as digests, so an old
+one cannot be shown again).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import secrets
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -29,6 +32,8 @@ PROPOSER = "demo-proposer"
 APPROVER = "demo-approver"
 # Only with SLUICE_DEMO_FIXED_PASSWORDS, for a server bound to 127.0.0.1.
 FIXED_PASSWORDS = {PROPOSER: "proposer-demo-pass", APPROVER: "approver-demo-pass"}
+# Under the var dir: the demo accounts' passwords, as created.
+CREDENTIALS_FILE = "demo-credentials.txt"
 
 _PRINCIPAL_LIMITS = {
     "concurrency": 2,
@@ -165,3 +170,43 @@ def _activate_demo_profile(workspace: Workspace, proposer: Any, approver: Any) -
         )
     services.profile_version_activate(version=version, actor=approver)
     return version
+
+
+def credentials_file_read(path: Path) -> dict[str, str]:
+    """username -> password, from a file `credentials_file_save` wrote (empty when absent)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    found = {}
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            username, _, password = line.strip().partition(" ")
+            found[username] = password.strip()
+    return found
+
+
+def credentials_file_save(demo: Demo, var_dir: Path) -> Path | None:
+    """Keep the passwords of the accounts this run created in `var_dir`, in a file that only its
+    owner can read (mode 0600), beside those of accounts created earlier. Returns the file, or
+    None when it does not exist (the accounts were made before such a file was kept)."""
+    path = var_dir / CREDENTIALS_FILE
+    created = {u.username: u.password for u in (demo.proposer, demo.approver) if u.password}
+    if not created:
+        return path if path.exists() else None
+    passwords = credentials_file_read(path) | created
+    lines = [
+        "# The demo accounts of this Sluice, as they were created. Sign in at /admin/ with",
+        "# a username and its password; `manage.py changepassword NAME` sets a new one (this",
+        "# file is not updated then). API tokens: `python -m config.cli demo-setup`.",
+        *(f"{username} {password}" for username, password in sorted(passwords.items())),
+    ]
+    var_dir.mkdir(parents=True, exist_ok=True)
+    # Written beside and renamed over: never a half-written file, never readable by others.
+    partial = path.with_name(f".{CREDENTIALS_FILE}.{os.getpid()}")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+    os.replace(partial, path)
+    return path

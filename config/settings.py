@@ -150,9 +150,18 @@ STATIC_ROOT = VAR_DIR / "static"
 
 LOGIN_URL = "/admin/login/"
 
-# One bound for every request body; the API's JSON parser also bounds nesting depth.
+# Request bodies: one bound for every body, and a cap per API endpoint at what it needs (the API's
+# JSON parser, config/api_parsers.py); the parser also bounds nesting depth in linear time.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SLUICE_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
 SLUICE_MAX_JSON_DEPTH = env_int("SLUICE_MAX_JSON_DEPTH", 64, minimum=4)
+# Approvals, rejections, cancels, load-run starts, token requests: a comment and a few names.
+SLUICE_MAX_ACTION_REQUEST_BYTES = env_int("SLUICE_MAX_ACTION_REQUEST_BYTES", 65_536, minimum=1024)
+# A proposed profile document (canonical JSON).
+SLUICE_MAX_PROFILE_BYTES = env_int("SLUICE_MAX_PROFILE_BYTES", 262_144, minimum=1024)
+# A profile proposal's body: the document as sent (indented, escaped) plus its envelope.
+SLUICE_MAX_PROFILE_REQUEST_BYTES = 2 * SLUICE_MAX_PROFILE_BYTES + 65_536
+# An evaluation's body (ruleset and input) may use the whole SLUICE_MAX_REQUEST_BYTES.
+SLUICE_MAX_EVALUATION_REQUEST_BYTES = DATA_UPLOAD_MAX_MEMORY_SIZE
 
 # No settings, environment or local variables on any error page, DEBUG or not.
 DEFAULT_EXCEPTION_REPORTER_FILTER = "config.error_reports.RedactingReporterFilter"
@@ -342,7 +351,9 @@ STORAGES = {
 SLUICE_WEB_BIND = env_str("SLUICE_WEB_BIND", "") or "127.0.0.1:8000"
 SLUICE_WEB_WORKERS = env_int("SLUICE_WEB_WORKERS", 2, minimum=1)
 SLUICE_WEB_THREADS = env_int("SLUICE_WEB_THREADS", 1, minimum=1)
-SLUICE_WEB_TIMEOUT = env_int("SLUICE_WEB_TIMEOUT", 30, minimum=1)
+# No request holds a worker longer than this: past it gunicorn's master restarts the worker. Every
+# API request is bounded well below it (body caps, linear-time JSON checks, paginated lists).
+SLUICE_WEB_TIMEOUT = env_int("SLUICE_WEB_TIMEOUT", 10, minimum=1)
 SLUICE_WEB_GRACEFUL_TIMEOUT = env_int("SLUICE_WEB_GRACEFUL_TIMEOUT", 30, minimum=1)
 SLUICE_WEB_KEEPALIVE = env_int("SLUICE_WEB_KEEPALIVE", 5, minimum=0)
 
@@ -404,3 +415,7 @@ SLUICE_CANCEL_CHECK_SECONDS = env_float(
     "SLUICE_CANCEL_CHECK_SECONDS", 1.0, minimum=0.0, exclusive=True
 )
 SLUICE_MAX_DECISIONS = env_int("SLUICE_MAX_DECISIONS", 1000, minimum=1)
+# The most characters one decision's rendered prompt may hold (its placeholders filled from the
+# input): the provider's context window in characters. Above it a submission is refused with a
+# 400 naming the prompt; a run that meets it anyway records a `prompt-too-large` attempt.
+SLUICE_MAX_PROMPT_CHARS = env_int("SLUICE_MAX_PROMPT_CHARS", 512_000, minimum=1)

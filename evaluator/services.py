@@ -34,7 +34,7 @@ from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
-from evaluator.engine.rulesets import MAX_DECISIONS
+from evaluator.engine.rulesets import MAX_DECISIONS, prompt_values
 from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
 from evaluator.models import EvaluationRun, LoadRun
@@ -186,6 +186,16 @@ def _parse_request(
         known = adapter_ids(workspace.key)
     except AdapterConfigError as error:
         raise InvalidRunRequest(str(error), field="ruleset") from None
+    oversized = request.ruleset.oversized_prompt(
+        prompt_values(request.input), settings.SLUICE_MAX_PROMPT_CHARS
+    )
+    if oversized is not None:
+        index, length = oversized
+        raise InvalidRunRequest(
+            f"renders to {length} characters with this input; this deployment sends at most "
+            f"{settings.SLUICE_MAX_PROMPT_CHARS} (SLUICE_MAX_PROMPT_CHARS)",
+            field=f"ruleset.decisions[{index}].prompt",
+        )
     unknown = request.ruleset.unknown_adapter_field(known)
     if unknown is not None:
         raise InvalidRunRequest(
@@ -307,6 +317,7 @@ async def evaluate(
                 adapters=adapters,
                 receipt_store=store,
                 telemetry=evaluator_telemetry(),
+                max_prompt_chars=settings.SLUICE_MAX_PROMPT_CHARS,
             )
     finally:
         for adapter in adapters.values():

@@ -121,6 +121,7 @@ class ProfileVersionListView(WorkspaceScopedView, generics.ListCreateAPIView):
     """Profile versions of a workspace with their decisions and digests; POST proposes one."""
 
     serializer_class = ProfileVersionSerializer
+    body_limit_setting = "SLUICE_MAX_PROFILE_REQUEST_BYTES"
     pagination_class = ProfileVersionPagination
     filter_backends: list[Any] = []
     write_act = access.PROPOSE

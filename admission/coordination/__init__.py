@@ -11,7 +11,8 @@ from admission.coordination.controller import (
     CoordinatedController,
     CoordinatedLease,
 )
-from admission.coordination.coordinator import CoordinationUnavailable, RedisCoordinator
+from admission.coordination.coordinator import RedisCoordinator
+from admission.coordination.protocol import CoordinationUnavailable
 from admission.coordination.settings import DEGRADED, FAIL_CLOSED, CoordinationSettings
 
 __all__ = [

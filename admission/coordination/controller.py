@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import logging
 import math
 import time
@@ -21,29 +22,52 @@ import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from admission.coordination.coordinator import CoordinationUnavailable
+from admission.coordination.protocol import (
+    ADMIT,
+    GRANT,
+    NO_FIGURES,
+    RECOVERING,
+    REJECT,
+    Acquire,
+    CoordinationUnavailable,
+    Decision,
+    Figures,
+    ForgetBudget,
+    Install,
+    InstallResult,
+    LeaseRecord,
+    Message,
+    Pause,
+    Pump,
+    Release,
+    State,
+    Withdraw,
+    Written,
+)
+from admission.coordination.protocol import QUEUED as QUEUED_STATUS
 from admission.coordination.settings import DEGRADED
-from admission.core.controller import _Ticket
+from admission.coordination.waiters import DONE, LEAVING, PENDING, QUEUED, Waiter
 from admission.core.errors import AdmissionRejected
 from admission.core.evidence import AdmissionEvidence, BreakerTransition, QueueSnapshot
+from admission.core.lease import ReleaseOutcome, give_back_checked
 from admission.core.limits import Limits, Profile
-from admission.core.rules import static_reason, valid_amount, valid_count
+from admission.core.rejection import HINTED_REASONS, rejected, retry_hint
+from admission.core.rules import static_reason, valid_amount
+from admission.core.ticket import Ticket
 
 if TYPE_CHECKING:
-    from admission.coordination.coordinator import RedisCoordinator
+    from admission.coordination.link import CoordinationLink
     from admission.core.registry import AdmissionRegistry
     from admission.core.request import AdmissionRequest
 
 logger = logging.getLogger(__name__)
 
 COORDINATION_UNAVAILABLE = "coordination-unavailable"
-MAX_RETRY_HINT_MS = 30_000
-DEFAULT_RETRY_BASE_MS = 1_000.0
+# The base of the retry hint of a refusal caused by Redis being unreachable.
+UNAVAILABLE_RETRY_BASE_MS = 1000.0
 TRANSITION_HISTORY = 256
 # Revision mismatches resolved by a refresh before the request is refused.
 STALE_RETRIES = 2
-
-PENDING, QUEUED, LEAVING, DONE = "pending", "queued", "leaving", "done"
 
 
 async def _fired(signal: Any) -> None:
@@ -78,7 +102,7 @@ def limits_record(limits: Limits) -> dict[str, Any]:
 
 def profile_fields(profile: Profile) -> dict[str, str]:
     """The profile as the fields of its shared hash."""
-    dumps = functools.partial(__import__("json").dumps, separators=(",", ":"))
+    dumps = functools.partial(json.dumps, separators=(",", ":"))
     fields = {"W": dumps(limits_record(profile.workspace))}
     for provider_id, limits in profile.providers.items():
         fields[f"V:{provider_id}"] = dumps(limits_record(limits))
@@ -121,7 +145,8 @@ def divided_profile(profile: Profile, processes: int) -> Profile:
 
 
 class CoordinatedLease:
-    """Permission to dispatch one attempt, held in Redis; `release` gives it back exactly once."""
+    """Permission to dispatch one attempt, held in Redis; `release` gives it back exactly once
+    (in the background: the caller never waits on Redis)."""
 
     __slots__ = (
         "_controller",
@@ -141,7 +166,7 @@ class CoordinatedLease:
         self,
         controller: CoordinatedController,
         lease_id: str,
-        ticket: _Ticket,
+        ticket: Ticket,
         evidence: AdmissionEvidence,
     ) -> None:
         request = ticket.request
@@ -157,27 +182,19 @@ class CoordinatedLease:
         self.cost = ticket.cost
         self.evidence = evidence
 
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def as_record(self) -> dict[str, Any]:
-        record: dict[str, Any] = {
-            "id": self.id,
-            "pid": self.principal_id,
-            "prov": self.provider_id,
-            "bud": self.budget_id,
-        }
-        if self.tokens is not None:
-            record["tok"] = self.tokens
-        if self.cost is not None:
-            record["cost"] = self.cost
-        return record
+    def record(self) -> LeaseRecord:
+        return LeaseRecord(
+            self.id, self.principal_id, self.provider_id, self.budget_id, self.tokens, self.cost
+        )
 
     def doubt(self) -> None:
         """This process can no longer vouch for the permit: stop the call it covers."""
         if self._signal is not None and not self._signal.cancelled:
             self._signal.cancel("admission-lease-lost")
+
+    @property
+    def released(self) -> bool:
+        return self._released
 
     def release(
         self,
@@ -186,73 +203,23 @@ class CoordinatedLease:
         actual_tokens: int | None = None,
         actual_cost_usd: float | None = None,
     ) -> None:
-        """Give the permit back (in the background: the caller never waits on Redis).
-
-        Idempotent; `success=None` is "no outcome". Malformed optional figures are dropped and
-        then reported with `ValueError`, after the permit is on its way back.
-        """
+        """Give the permit back (in the background). Idempotent; `success=None` is "no
+        outcome". Malformed optional figures are dropped and then reported with `ValueError`,
+        after the permit is on its way back."""
         if self._released:
             return
         self._released = True
-        problems = []
-        if success is not None and type(success) is not bool:
-            problems.append("success must be True, False or None")
-            success = None
-        if retry_after_ms is not None and not valid_amount(retry_after_ms):
-            problems.append("retry_after_ms must be a finite non-negative number")
-            retry_after_ms = None
-        if actual_tokens is not None and not valid_count(actual_tokens):
-            problems.append("actual_tokens must be a non-negative integer")
-            actual_tokens = None
-        if actual_cost_usd is not None and not valid_amount(actual_cost_usd):
-            problems.append("actual_cost_usd must be a finite non-negative number")
-            actual_cost_usd = None
-        self._controller._release(self, success, retry_after_ms, actual_tokens, actual_cost_usd)
-        if problems:
-            raise ValueError("; ".join(problems))
+        give_back_checked(self._give_back, success, retry_after_ms, actual_tokens, actual_cost_usd)
 
-
-class Waiter:
-    """A request of this process that waits in a lane in Redis."""
-
-    __slots__ = (
-        "controller",
-        "early",
-        "future",
-        "id",
-        "queued_at",
-        "requeueing",
-        "state",
-        "ticket",
-        "timer",
-        "unsubscribe",
-    )
-
-    def __init__(
-        self, controller: CoordinatedController, waiter_id: str, ticket: _Ticket, future: Any
-    ) -> None:
-        self.controller = controller
-        self.id = waiter_id
-        self.ticket = ticket
-        self.future: asyncio.Future[CoordinatedLease] = future
-        # Pending until the acquire call's answer is read: a grant may arrive before it.
-        self.state = PENDING
-        self.early: dict[str, Any] | None = None
-        self.timer: asyncio.TimerHandle | None = None
-        self.unsubscribe: Any = None
-        self.queued_at = math.inf
-        self.requeueing = False
-
-    def auditable(self, settled_before: float) -> bool:
-        """Queued for a while and not being queued again: Redis should know it."""
-        return self.state == QUEUED and not self.requeueing and self.queued_at < settled_before
+    def _give_back(self, outcome: ReleaseOutcome) -> None:
+        self._controller.give_back(self, outcome)
 
 
 class CoordinatedController:
     """Admission for one workspace, deployment-wide: see the module docstring."""
 
     def __init__(
-        self, registry: AdmissionRegistry, profile: Profile, coordinator: RedisCoordinator
+        self, registry: AdmissionRegistry, profile: Profile, coordinator: CoordinationLink
     ) -> None:
         self._registry = registry
         self._clock = registry.clock
@@ -286,30 +253,32 @@ class CoordinatedController:
         if request.workspace_id != self.workspace_id:
             raise ValueError("request.workspace_id does not match this controller's workspace")
         now = self._clock.monotonic_ms()
-        ticket = _Ticket(request, now)
+        ticket = Ticket(request, now)
         reason = self._preflight(ticket, now)
         if reason is not None:
             self._coordinator.count_local(self.workspace_id, request.provider_id, "reject", reason)
-            raise self._rejection(ticket, reason, {}, now)
+            raise self._rejection(ticket, reason, None, now)
         waiter_id = uuid.uuid4().hex
         waiter = Waiter(self, waiter_id, ticket, asyncio.get_running_loop().create_future())
-        self._coordinator.waiters[waiter_id] = waiter
+        book = self._coordinator.book
+        book.add_waiter(waiter)
         try:
-            result = await self._decide(ticket, waiter_id)
+            decision = await self._decide(ticket, waiter_id)
         except CoordinationUnavailable as error:
-            self._coordinator.waiters.pop(waiter_id, None)
+            book.drop_waiter(waiter_id)
             return await self._unavailable(ticket, error)
         except BaseException:
-            self._coordinator.waiters.pop(waiter_id, None)
+            book.drop_waiter(waiter_id)
             raise
-        status = result["st"]
-        if status != "queued":
-            self._coordinator.waiters.pop(waiter_id, None)
-        if status == "admit":
-            return self._lease(waiter_id, ticket, result)
-        if status == "reject":
-            raise self._rejection(ticket, result["reason"], result, self._clock.monotonic_ms())
-        return await self._wait(waiter, result)
+        status = decision.status
+        if status != QUEUED_STATUS:
+            book.drop_waiter(waiter_id)
+        if status == ADMIT:
+            return self._lease(waiter_id, ticket, decision.figures)
+        if status == REJECT:
+            now = self._clock.monotonic_ms()
+            raise self._rejection(ticket, str(decision.reason), decision.figures, now)
+        return await self._wait(waiter, decision)
 
     def snapshot(self, principal_id: str) -> QueueSnapshot:
         """The principal's deployment-wide active and queued figures as last seen by this
@@ -319,7 +288,7 @@ class CoordinatedController:
     async def state(self, principal_id: str = "", minutes: int = 0) -> dict[str, Any]:
         """What Redis holds for this workspace now, as stored (tests); operators' views use
         `RedisCoordinator.state_sync`."""
-        return await self._coordinator.call("state", self.workspace_id, principal_id, minutes)
+        return await self._coordinator.call(self.workspace_id, State(principal_id, minutes))
 
     def release_budget(self, budget_id: str) -> None:
         """Forget exactly this invocation's budgets, deployment-wide (in the background)."""
@@ -380,7 +349,7 @@ class CoordinatedController:
 
     # ---------------------------------------------------------------- preflight
 
-    def _preflight(self, ticket: _Ticket, now: float) -> str | None:
+    def _preflight(self, ticket: Ticket, now: float) -> str | None:
         request = ticket.request
         signal = request.signal
         if signal is not None and signal.cancelled:
@@ -414,40 +383,38 @@ class CoordinatedController:
 
     # ------------------------------------------------------------------ decide
 
-    def _install_args(self) -> list[Any]:
-        import json
-
+    def _install_call(self) -> Install:
         profile = self._profile
         assert self._sequence is not None
-        return [
+        return Install(
             profile.profile_version,
             self._sequence,
             profile.profile_digest,
-            json.dumps(profile_fields(profile), separators=(",", ":")),
-        ]
+            profile_fields(profile),
+        )
 
     def _install_sync(self) -> None:
-        result = self._coordinator.call_sync("install", self.workspace_id, *self._install_args())
+        result = self._coordinator.call_sync(self.workspace_id, self._install_call())
         self._after_install(result)
 
     async def _install(self) -> None:
-        result = await self._coordinator.call("install", self.workspace_id, *self._install_args())
+        result = await self._coordinator.call(self.workspace_id, self._install_call())
         self._after_install(result)
 
-    def _after_install(self, result: dict[str, Any]) -> None:
-        status = result["st"]
+    def _after_install(self, result: InstallResult) -> None:
+        status = result.status
         if status in ("installed", "same"):
             assert self._sequence is not None
             self._installed = (self._profile.profile_version, self._sequence)
         elif status == "conflict":
             logger.error(
                 "Redis holds revision %s at ledger position %s, not %s: refusing to overwrite",
-                result.get("rev"),
-                result.get("seq"),
+                result.revision,
+                result.sequence,
                 self._profile.profile_version,
             )
 
-    async def _decide(self, ticket: _Ticket, waiter_id: str) -> dict[str, Any]:
+    async def _decide(self, ticket: Ticket, waiter_id: str) -> Decision:
         """One acquire script call, after making sure Redis holds this process's revision."""
         request = ticket.request
         if self._writes:
@@ -460,27 +427,28 @@ class CoordinatedController:
             deadline = request.deadline_ms
             dwell = self._dwell_ms(request)
             result = await self._call_guarded(
-                "acquire",
                 waiter_id,
-                self._profile.profile_version,
-                waiter_id,
-                request.principal_id,
-                request.provider_id,
-                request.budget_id,
-                "" if ticket.tokens is None else ticket.tokens,
-                "" if ticket.cost is None else repr(ticket.cost),
-                ticket.attempts,
-                "" if dwell is None else repr(float(dwell)),
-                "" if deadline is None else repr(max(0.0, deadline - now)),
-                "1" if self.workspace_id in self._coordinator.registered else "",
+                Acquire(
+                    self._profile.profile_version,
+                    waiter_id,
+                    request.principal_id,
+                    request.provider_id,
+                    request.budget_id,
+                    ticket.tokens,
+                    ticket.cost,
+                    ticket.attempts,
+                    None if dwell is None else float(dwell),
+                    None if deadline is None else max(0.0, deadline - now),
+                    self._coordinator.is_registered(self.workspace_id),
+                ),
             )
-            status = result["st"]
-            if status in ("admit", "queued"):
-                self._coordinator.registered.add(self.workspace_id)
-            if status in ("admit", "reject", "queued"):
+            status = result.status
+            if status in (ADMIT, QUEUED_STATUS):
+                self._coordinator.note_registered(self.workspace_id)
+            if status in (ADMIT, REJECT, QUEUED_STATUS):
                 return result
-            if status == "recovering":
-                await self._pause_for(ticket, float(result.get("wait", 0)))
+            if status == RECOVERING:
+                await self._pause_for(ticket, result.wait_ms)
                 continue
             # "noprofile" or "stale": bring the revisions into line, then decide again.
             stale += 1
@@ -489,7 +457,7 @@ class CoordinatedController:
                     f"the shared revision of {self.workspace_id!r} does not match this "
                     f"process's ({self._profile.profile_version!r}) after a refresh"
                 )
-            theirs = result.get("seq")
+            theirs = result.sequence
             if self._sequence is not None and (theirs is None or theirs < self._sequence):
                 await self._install()
             else:
@@ -500,10 +468,10 @@ class CoordinatedController:
                 ):
                     await self._install()
 
-    async def _call_guarded(self, name: str, waiter_id: str, *args: Any) -> dict[str, Any]:
+    async def _call_guarded(self, waiter_id: str, acquire: Acquire) -> Decision:
         """A call that may admit or queue: if the caller is cancelled (or the call times out)
         while it is in flight, whatever it took is handed back once it lands."""
-        call = asyncio.ensure_future(self._coordinator.call(name, self.workspace_id, *args))
+        call = asyncio.ensure_future(self._coordinator.call(self.workspace_id, acquire))
         try:
             return await asyncio.shield(call)
         except asyncio.CancelledError:
@@ -514,11 +482,11 @@ class CoordinatedController:
             self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
             raise
 
-    def _undo_after(self, waiter_id: str, call: asyncio.Future[dict[str, Any]]) -> None:
+    def _undo_after(self, waiter_id: str, call: asyncio.Future[Decision]) -> None:
         if call.cancelled() or call.exception() is not None:
             self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
             return
-        if call.result().get("st") in ("admit", "queued"):
+        if call.result().status in (ADMIT, QUEUED_STATUS):
             self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
 
     async def _withdraw_eventually(self, waiter_id: str, reason: str) -> None:
@@ -527,30 +495,30 @@ class CoordinatedController:
         waited = 0.0
         while waited <= lease_ttl:
             try:
-                await self._coordinator.call("withdraw", self.workspace_id, waiter_id, reason)
+                await self._coordinator.call(self.workspace_id, Withdraw(waiter_id, reason))
                 return
             except CoordinationUnavailable:
                 await asyncio.sleep(delay)
                 waited += delay
 
-    async def _pause_for(self, ticket: _Ticket, wait_ms: float) -> None:
+    async def _pause_for(self, ticket: Ticket, wait_ms: float) -> None:
         """Wait while the shared state recovers, but not past the request's deadline or signal."""
         request = ticket.request
         wait_s = max(wait_ms, 1.0) / 1000.0
         if request.deadline_ms is not None:
             left = (request.deadline_ms - self._clock.monotonic_ms()) / 1000.0
             if left <= 0:
-                raise self._rejection(ticket, "deadline-exceeded", {}, self._clock.monotonic_ms())
+                raise self._rejection(ticket, "deadline-exceeded", None, self._clock.monotonic_ms())
             wait_s = min(wait_s, left)
         if request.signal is not None:
             try:
                 await asyncio.wait_for(_fired(request.signal), timeout=wait_s)
             except TimeoutError:
                 return
-            raise self._rejection(ticket, "cancelled", {}, self._clock.monotonic_ms())
+            raise self._rejection(ticket, "cancelled", None, self._clock.monotonic_ms())
         await asyncio.sleep(wait_s)
 
-    async def _unavailable(self, ticket: _Ticket, error: CoordinationUnavailable) -> Any:
+    async def _unavailable(self, ticket: Ticket, error: CoordinationUnavailable) -> Any:
         request = ticket.request
         coordinator = self._coordinator
         if coordinator.settings.on_failure == DEGRADED:
@@ -562,7 +530,11 @@ class CoordinatedController:
             self.workspace_id, request.provider_id, "reject", COORDINATION_UNAVAILABLE
         )
         raise self._rejection(
-            ticket, COORDINATION_UNAVAILABLE, {}, self._clock.monotonic_ms(), hint_base=1000.0
+            ticket,
+            COORDINATION_UNAVAILABLE,
+            None,
+            self._clock.monotonic_ms(),
+            in_the_way_ms=UNAVAILABLE_RETRY_BASE_MS,
         )
 
     def _fallback_controller(self) -> Any:
@@ -582,88 +554,67 @@ class CoordinatedController:
     # -------------------------------------------------------------- decisions
 
     def _evidence(
-        self, ticket: _Ticket, decision: str, reason: str, result: dict[str, Any], now: float
+        self, ticket: Ticket, decision: str, reason: str, figures: Figures | None, now: float
     ) -> AdmissionEvidence:
-        transitions = self._note_transitions(result)
-        active = int(result.get("a", 0))
-        queued = int(result.get("q", 0))
-        if "a" in result:
-            self._snapshots[ticket.request.principal_id] = QueueSnapshot(active, queued)
+        if figures is None:
+            figures = NO_FIGURES
+        transitions = self._note_transitions(figures.transitions)
+        if figures.known:
+            self._snapshots[ticket.request.principal_id] = QueueSnapshot(
+                figures.active, figures.queued
+            )
         return AdmissionEvidence(
             decision,
             reason,
             now - ticket.arrived_ms,
-            active,
-            queued,
+            figures.active,
+            figures.queued,
             ticket.tokens,
             ticket.cost,
-            int(result.get("rp", 0)),
-            str(result.get("bs", "closed")),
+            figures.retry_pressure,
+            figures.breaker_state,
             None,
             transitions,
         )
 
-    def _note_transitions(self, result: dict[str, Any]) -> list[BreakerTransition]:
-        records = result.get("tr")
-        if not records:
+    def _note_transitions(self, transitions: list[BreakerTransition]) -> list[BreakerTransition]:
+        if not transitions:
             return []
-        transitions = [
-            BreakerTransition(
-                provider_id=str(item["providerId"]),
-                from_state=str(item["from"]),
-                to_state=str(item["to"]),
-                at_epoch_ms=float(item["atEpochMs"]),
-                failures=int(item["failures"]),
-            )
-            for item in records
-        ]
         for transition in transitions:
             self._transitions.append(transition)
             self._registry.report_breaker_transition(transition)
-        return transitions
+        return list(transitions)
 
-    def _lease(self, lease_id: str, ticket: _Ticket, result: dict[str, Any]) -> CoordinatedLease:
+    def _lease(self, lease_id: str, ticket: Ticket, figures: Figures) -> CoordinatedLease:
         now = self._clock.monotonic_ms()
-        evidence = self._evidence(ticket, "admit", "admitted", result, now)
+        evidence = self._evidence(ticket, "admit", "admitted", figures, now)
         lease = CoordinatedLease(self, lease_id, ticket, evidence)
         self._leases[lease_id] = lease
-        self._coordinator.leases[lease_id] = lease
+        self._coordinator.book.add_lease(lease)
         if self._registry.reports_decisions:
             self._registry.report_decision("admit", "admitted", ticket.request, evidence)
         return lease
 
     def _rejection(
         self,
-        ticket: _Ticket,
+        ticket: Ticket,
         reason: str,
-        result: dict[str, Any],
+        figures: Figures | None,
         now: float,
         *,
-        hint_base: float | None = None,
+        in_the_way_ms: float | None = None,
     ) -> AdmissionRejected:
-        evidence = self._evidence(ticket, "reject", reason, result, now)
+        evidence = self._evidence(ticket, "reject", reason, figures, now)
         hint = None
-        if reason in ("queue-full", "queue-timeout", COORDINATION_UNAVAILABLE):
-            hint = self._retry_hint(ticket, result, hint_base)
-            evidence.retry_after_ms = hint
-        if self._registry.reports_decisions:
-            self._registry.report_decision("reject", reason, ticket.request, evidence)
-        return AdmissionRejected(reason, evidence, hint)
-
-    def _retry_hint(self, ticket: _Ticket, result: dict[str, Any], base: float | None) -> float:
-        """A jittered hint (0.5x to 1.5x of a base): the shared pause or open breaker when
-        either is in the way, else half the smallest dwell bound, else one second."""
-        if base is None:
-            base = max(float(result.get("pz", 0)), float(result.get("op", 0)))
-        if base <= 0:
-            dwell = self._dwell_ms(ticket.request)
-            base = dwell / 2 if dwell is not None else DEFAULT_RETRY_BASE_MS
-        hint = base * (0.5 + self._registry.rng.random())
-        return float(min(MAX_RETRY_HINT_MS, max(1, round(hint))))
+        if reason in HINTED_REASONS or reason == COORDINATION_UNAVAILABLE:
+            if in_the_way_ms is None:
+                in_the_way_ms = figures.in_the_way_ms if figures is not None else 0.0
+            hint = retry_hint(in_the_way_ms, self._dwell_ms(ticket.request), self._registry.rng)
+        return rejected(self._registry, ticket, reason, evidence, hint)
 
     # ------------------------------------------------------------------ waiting
 
-    async def _wait(self, waiter: Waiter, result: dict[str, Any]) -> CoordinatedLease:
+    async def _wait(self, waiter: Waiter, decision: Decision) -> CoordinatedLease:
         loop = asyncio.get_running_loop()
         request = waiter.ticket.request
         future = waiter.future
@@ -671,11 +622,11 @@ class CoordinatedController:
         waiter.queued_at = time.monotonic()
         self._waiting[waiter.id] = waiter
         self._snapshots[request.principal_id] = QueueSnapshot(
-            int(result.get("a", 0)), int(result.get("q", 0)) + 1
+            decision.figures.active, decision.figures.queued + 1
         )
-        reason = result.get("reason")
+        reason = decision.reason
         if reason and self._registry.reports_decisions:
-            self._registry.report_decision("defer", str(reason), request, None)
+            self._registry.report_decision("defer", reason, request, None)
         self._arm_expiry(waiter, loop)
         if request.signal is not None:
             if request.signal.cancelled:
@@ -684,9 +635,9 @@ class CoordinatedController:
                 waiter.unsubscribe = request.signal.add_callback(
                     lambda _signal: self._leave(waiter, "cancelled")
                 )
-        wake = result.get("wake")
+        wake = decision.wake_ms
         if wake is not None:
-            loop.call_later(max(float(wake), 1.0) / 1000.0, self._on_wake)
+            loop.call_later(max(wake, 1.0) / 1000.0, self._on_wake)
         if waiter.early is not None:
             self.on_message(waiter, waiter.early)
         try:
@@ -717,17 +668,17 @@ class CoordinatedController:
 
     async def _pump(self) -> None:
         try:
-            result = await self._coordinator.call("pump", self.workspace_id)
+            result = await self._coordinator.call(self.workspace_id, Pump())
         except CoordinationUnavailable:
             return
-        wake = result.get("wake")
+        wake = result.wake_ms
         if wake is not None and self._waiting:
-            asyncio.get_running_loop().call_later(max(float(wake), 1.0) / 1000.0, self._on_wake)
+            asyncio.get_running_loop().call_later(max(wake, 1.0) / 1000.0, self._on_wake)
 
     def _finish(self, waiter: Waiter) -> None:
         waiter.state = DONE
         self._waiting.pop(waiter.id, None)
-        self._coordinator.waiters.pop(waiter.id, None)
+        self._coordinator.book.drop_waiter(waiter.id)
         if waiter.timer is not None:
             waiter.timer.cancel()
             waiter.timer = None
@@ -744,17 +695,20 @@ class CoordinatedController:
         self._coordinator.background(self._withdraw(waiter, reason, notify))
 
     async def _withdraw(self, waiter: Waiter, reason: str, notify: bool) -> None:
-        result: dict[str, Any] = {}
+        figures = None
         try:
-            result = await self._coordinator.call("withdraw", self.workspace_id, waiter.id, reason)
+            written: Written = await self._coordinator.call(
+                self.workspace_id, Withdraw(waiter.id, reason)
+            )
+            figures = written.figures
         except CoordinationUnavailable:
             self._coordinator.background(self._withdraw_eventually(waiter.id, reason))
         self._finish(waiter)
         if notify and not waiter.future.done():
             now = self._clock.monotonic_ms()
-            waiter.future.set_exception(self._rejection(waiter.ticket, reason, result, now))
+            waiter.future.set_exception(self._rejection(waiter.ticket, reason, figures, now))
 
-    def on_message(self, waiter: Waiter, message: dict[str, Any]) -> None:
+    def on_message(self, waiter: Waiter, message: Message) -> None:
         """A grant or a refusal for a waiter of this process, from the listener."""
         if waiter.state == PENDING:
             waiter.early = message  # handled once the acquire call's answer is read
@@ -763,15 +717,16 @@ class CoordinatedController:
             return  # it is leaving; the withdraw hands a late grant back
         self._finish(waiter)
         now = self._clock.monotonic_ms()
-        if message.get("t") == "g":
-            lease = self._lease(waiter.id, waiter.ticket, message)
+        if message.kind == GRANT:
+            lease = self._lease(waiter.id, waiter.ticket, message.figures)
             if waiter.future.done():
                 lease.release(success=None)
             else:
                 waiter.future.set_result(lease)
         elif not waiter.future.done():
-            reason = str(message.get("reason", "queue-timeout"))
-            waiter.future.set_exception(self._rejection(waiter.ticket, reason, message, now))
+            reason = message.reason or "queue-timeout"
+            refusal = self._rejection(waiter.ticket, reason, message.figures, now)
+            waiter.future.set_exception(refusal)
 
     def requeue(self, waiter: Waiter) -> None:
         """Redis no longer queues this waiter (its state was lost): queue it again, with the
@@ -802,40 +757,34 @@ class CoordinatedController:
             waiter.requeueing = False
         waiter.queued_at = time.monotonic()
         if waiter.state != QUEUED:
-            if result["st"] in ("admit", "queued"):
+            if result.status in (ADMIT, QUEUED_STATUS):
                 # It left while being queued again: hand back what the new queueing took.
                 self._coordinator.background(self._withdraw_eventually(waiter.id, "cancelled"))
             return
-        if result["st"] == "admit":
-            self.on_message(waiter, {**result, "t": "g"})
-        elif result["st"] == "reject":
-            self.on_message(waiter, {**result, "t": "r"})
+        if result.status in (ADMIT, REJECT):
+            self.on_message(waiter, Message.from_decision(waiter.id, result))
 
     # ------------------------------------------------------------------ writes
 
-    def _release(
-        self,
-        lease: CoordinatedLease,
-        success: bool | None,
-        retry_after_ms: float | None,
-        actual_tokens: int | None,
-        actual_cost_usd: float | None,
-    ) -> None:
+    def give_back(self, lease: CoordinatedLease, outcome: ReleaseOutcome) -> None:
+        """A lease's permit goes back to the pool (in the background)."""
         self._leases.pop(lease.id, None)
-        self._coordinator.leases.pop(lease.id, None)
-        args = [
+        self._coordinator.book.drop_lease(lease.id)
+        call = Release(
             lease.id,
-            "" if success is None else ("1" if success else "0"),
-            "" if retry_after_ms is None else repr(float(retry_after_ms)),
-            "" if actual_tokens is None else int(actual_tokens),
-            "" if actual_cost_usd is None else repr(float(actual_cost_usd)),
-        ]
-        task = self._coordinator.background(self._write("release", args, lease))
+            outcome.success,
+            outcome.retry_after_ms,
+            outcome.actual_tokens,
+            outcome.actual_cost_usd,
+        )
+        task = self._coordinator.background(self._write(call, lease))
         if task is not None:
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
 
-    async def _write(self, name: str, args: list[Any], lease: CoordinatedLease | None) -> None:
+    async def _write(
+        self, call: Release | Pause | ForgetBudget, lease: CoordinatedLease | None
+    ) -> None:
         """A write that must land: retried until Redis takes it or the state it was about is
         gone (the lease lapses after its TTL anyway)."""
         delay = self._coordinator.settings.heartbeat_ms / 1000.0
@@ -843,21 +792,21 @@ class CoordinatedController:
         waited = 0.0
         while True:
             try:
-                result = await self._coordinator.call(name, self.workspace_id, *args)
+                result = await self._coordinator.call(self.workspace_id, call)
             except CoordinationUnavailable:
                 if waited > deadline:
-                    logger.warning("gave up %s in Redis after %.0f s", name, waited)
+                    logger.warning("gave up %s in Redis after %.0f s", call.entry, waited)
                     return
                 await asyncio.sleep(delay)
                 waited += delay
                 continue
-            transitions = self._note_transitions(result)
+            transitions = self._note_transitions(result.figures.transitions)
             if lease is not None and transitions:
                 lease.evidence.breaker_transitions.extend(transitions)
             return
 
     async def _forget_budget(self, budget_id: str) -> None:
-        await self._write("forget_budget", [budget_id], None)
+        await self._write(ForgetBudget(budget_id), None)
 
     async def _pause(self, provider_id: str, ms: float) -> None:
-        await self._write("pause", [provider_id, repr(ms)], None)
+        await self._write(Pause(provider_id, ms), None)

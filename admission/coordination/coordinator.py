@@ -1,9 +1,10 @@
 """One process's link to the shared admission state in Redis.
 
-The coordinator owns the Redis clients, the process's identity and lease, the heartbeat, the
-listener that receives grants for this process's waiters, and the bookkeeping that lets the
-process put its permits back when Redis lost its state. Controllers (one per workspace, see
-`controller.py`) make their decisions through it, one script call per decision.
+The coordinator owns the Redis clients, the process's identity and lease, the heartbeat and the
+listener that receives grants for this process's waiters. The waiters and permits themselves are
+kept in a `ProcessBook` (waiters.py) that the coordinator and the controllers both use.
+Controllers (one per workspace, see `controller.py`) make their decisions through it, one
+function call per decision (`protocol.py`), and see it only as a `CoordinationLink`.
 """
 
 from __future__ import annotations
@@ -18,18 +19,29 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from admission.coordination.controller import CoordinatedController
+from admission.coordination.protocol import (
+    GRANT,
+    Call,
+    CoordinationUnavailable,
+    Header,
+    Heartbeat,
+    Message,
+    Reassert,
+    State,
+)
 from admission.coordination.scripts import function_name, is_missing_function, library_code
 from admission.coordination.settings import CoordinationSettings
+from admission.coordination.waiters import ProcessBook, Waiter
 
 if TYPE_CHECKING:
-    from admission.coordination.controller import CoordinatedController, CoordinatedLease, Waiter
     from admission.core.limits import Profile
     from admission.core.registry import AdmissionRegistry
 
@@ -43,6 +55,7 @@ LEASE_DOUBT_SHARE = 0.8
 POOL_CONNECTIONS = 32
 
 StaleHandler = Callable[[str], Awaitable[None]]
+R = TypeVar("R")
 
 
 def count_key(field: str) -> str:
@@ -50,10 +63,6 @@ def count_key(field: str) -> str:
     length, _, rest = field.partition(":")
     size = int(length)
     return f"{rest[:size]}|{rest[size:]}"
-
-
-class CoordinationUnavailable(Exception):
-    """Redis did not answer in time or at all; nothing was decided."""
 
 
 class RedisCoordinator:
@@ -82,41 +91,54 @@ class RedisCoordinator:
         self._background: set[asyncio.Task[Any]] = set()
         self._resync_lock: asyncio.Lock | None = None
         self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
-        self.waiters: dict[str, Waiter] = {}
-        self.leases: dict[str, CoordinatedLease] = {}
+        self.book = ProcessBook()
         self.controllers: dict[str, CoordinatedController] = {}
         # Decisions made without a round trip, reported with the next heartbeat.
-        self.local_counts: dict[str, Counter[str]] = {}
-        # Script calls by name (benchmarks and tests count round trips per decision).
+        self.local_counts: dict[str, Counter[tuple[str, str, str]]] = {}
+        # Function calls by name (benchmarks and tests count round trips per decision).
         self.round_trips: Counter[str] = Counter()
         # Heartbeat has registered this process; workspaces it is registered in (P:pw).
         self._announced = False
-        self.registered: set[str] = set()
+        self._registered: set[str] = set()
         self._closed = False
+
+    @property
+    def waiters(self) -> dict[str, Waiter]:
+        """This process's waiters by id (a copy, for tests and views)."""
+        return {waiter.id: waiter for waiter in self.book.waiters()}
+
+    @property
+    def leases(self) -> set[str]:
+        """Ids of the permits this process holds (a copy, for tests and views)."""
+        return self.book.lease_ids()
+
+    def is_registered(self, workspace_id: str) -> bool:
+        return workspace_id in self._registered
+
+    def note_registered(self, workspace_id: str) -> None:
+        self._registered.add(workspace_id)
 
     # ------------------------------------------------------------------ factory
 
     def controller(self, registry: AdmissionRegistry, profile: Profile) -> CoordinatedController:
-        from admission.coordination.controller import CoordinatedController
-
         controller = CoordinatedController(registry, profile, self)
         self.controllers[profile.workspace_id] = controller
         return controller
 
     # ---------------------------------------------------------------- lifecycle
 
-    def _header(self, workspace_id: str) -> list[Any]:
+    def _header(self, workspace_id: str, epoch: str) -> Header:
         s = self.settings
-        return [
+        return Header(
             s.prefix,
             workspace_id,
             s.idle_ttl_ms,
             self.process_id,
             s.lease_ttl_ms,
-            self.epoch,
+            epoch,
             s.recovery_grace_ms,
             s.budget_ttl_ms,
-        ]
+        )
 
     def _bind(self) -> None:
         loop = asyncio.get_running_loop()
@@ -203,15 +225,20 @@ class RedisCoordinator:
 
     # -------------------------------------------------------------------- calls
 
-    async def call(self, name: str, workspace_id: str, *args: Any) -> dict[str, Any]:
-        """Run one script; one round trip. Raises `CoordinationUnavailable`."""
+    async def call(self, workspace_id: str, call: Call[R]) -> R:
+        """Run one function; one round trip. Raises `CoordinationUnavailable`."""
+        raw = await self._call_raw(workspace_id, call)
+        return call.parse(raw)
+
+    async def _call_raw(self, workspace_id: str, call: Call[Any]) -> dict[str, Any]:
+        name = call.entry
         self._bind()
         if not self._announced and name != "heartbeat":
             # The process is known to the deployment (alive, reapable) before its first decision.
             await self._heartbeat()
         assert self._client is not None
         self.round_trips[name] += 1
-        arguments = [*self._header(workspace_id), *args]
+        arguments = [*self._header(workspace_id, self.epoch).pack(), *call.pack()]
         try:
             raw = await self._fcall(name, arguments)
         except redis.ResponseError as error:
@@ -224,7 +251,7 @@ class RedisCoordinator:
         self.last_renewal = time.monotonic()
         if result.get("st") == "epoch":
             await self.resync(str(result["ep"]))
-            return await self.call(name, workspace_id, *args)
+            return await self._call_raw(workspace_id, call)
         self._note_epoch(result)
         return result
 
@@ -258,12 +285,13 @@ class RedisCoordinator:
             )
         return self._sync_client
 
-    def call_sync(self, name: str, workspace_id: str, *args: Any) -> dict[str, Any]:
-        """Run one script from outside the event loop (profile installs, operator views)."""
+    def call_sync(self, workspace_id: str, call: Call[R]) -> R:
+        """Run one function from outside the event loop (profile installs, operator views)."""
         client = self._sync()
-        header = self._header(workspace_id)
+        name = call.entry
         # A synchronous caller cannot re-assert permits; it speaks for no epoch.
-        header[5] = ""
+        header = self._header(workspace_id, "").pack()
+        args = call.pack()
         try:
             try:
                 raw = client.fcall(function_name(name), 0, *header, *args)
@@ -274,8 +302,7 @@ class RedisCoordinator:
                 raw = client.fcall(function_name(name), 0, *header, *args)
         except (redis.RedisError, OSError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
-        result: dict[str, Any] = json.loads(raw)
-        return result
+        return call.parse(json.loads(raw))
 
     def live_processes_sync(self) -> int:
         """How many processes hold an unexpired lease on the shared state now (operators'
@@ -296,7 +323,7 @@ class RedisCoordinator:
         leases, per-minute decision counts for the last `minutes` and running totals. Count
         keys are `provider|decision|reason` (see `count_key`). Raises `CoordinationUnavailable`.
         """
-        result = self.call_sync("state", workspace_id, principal_id, minutes)
+        result = self.call_sync(workspace_id, State(principal_id, minutes))
         for name in ("counts", "totals"):
             if name == "counts":
                 result[name] = {
@@ -325,21 +352,17 @@ class RedisCoordinator:
                 "and %d waiter(s)",
                 self.epoch or "-",
                 epoch,
-                len(self.leases),
-                len(self.waiters),
+                self.book.lease_count,
+                self.book.waiter_count,
             )
             self.epoch = epoch
-            self.registered.clear()
+            self._registered.clear()
             await self._reassert()
-            for waiter in list(self.waiters.values()):
-                waiter.controller.requeue(waiter)
+            self.book.requeue_all()
 
     async def _reassert(self) -> None:
-        by_workspace: dict[str, list[dict[str, Any]]] = {}
-        for lease in self.leases.values():
-            by_workspace.setdefault(lease.workspace_id, []).append(lease.as_record())
-        for workspace_id, records in by_workspace.items():
-            await self.call("reassert", workspace_id, json.dumps(records))
+        for workspace_id, records in self.book.lease_records().items():
+            await self.call(workspace_id, Reassert(tuple(records)))
 
     # ---------------------------------------------------------------- background
 
@@ -358,33 +381,30 @@ class RedisCoordinator:
     async def _heartbeat(self) -> None:
         counts = {ws: dict(counter) for ws, counter in self.local_counts.items() if counter}
         self.local_counts = {}
-        audit: dict[str, list[str]] = {}
         settled_before = time.monotonic() - 2 * self.settings.heartbeat_ms / 1000.0
-        for queued in self.waiters.values():
-            if queued.auditable(settled_before):
-                audit.setdefault(queued.controller.workspace_id, []).append(queued.id)
+        audit = self.book.auditable(settled_before)
         try:
-            result = await self.call("heartbeat", "", json.dumps(counts), json.dumps(audit))
+            result = await self.call("", Heartbeat(counts, audit))
         except CoordinationUnavailable:
             # Keep what was not reported for the next beat.
             for ws, counter in counts.items():
                 self.local_counts.setdefault(ws, Counter()).update(counter)
             raise
         self._announced = True
-        self.live_processes = int(result.get("live") or 1)
-        for entry in result.get("audit") or ():
-            waiter = self.waiters.get(str(entry["id"]))
+        self.live_processes = result.live
+        for entry in result.audit:
+            waiter = self.book.waiter(entry.waiter_id)
             if waiter is None or not waiter.auditable(settled_before):
                 continue
-            if entry["t"] == "g":
+            if entry.kind == GRANT:
                 logger.warning("admission grant for waiter %s was lost; taking it", waiter.id)
-                waiter.controller.on_message(waiter, entry)
+                waiter.owner.on_message(waiter, entry)
             else:
                 logger.warning("waiter %s is no longer queued in Redis; queueing again", waiter.id)
-                waiter.controller.requeue(waiter)
-        if result.get("nb"):
-            self.registered.clear()
-        if result.get("nb") and self.leases:
+                waiter.owner.requeue(waiter)
+        if result.reborn:
+            self._registered.clear()
+        if result.reborn and self.book.lease_count:
             # This process had been given up for dead (its lease lapsed): its permits were
             # returned to the pool, so it puts back the ones it still holds.
             logger.warning("admission lease of this process had lapsed; re-asserting permits")
@@ -395,8 +415,7 @@ class RedisCoordinator:
         silent_ms = (time.monotonic() - self.last_renewal) * 1000.0
         if silent_ms < self.settings.lease_ttl_ms * LEASE_DOUBT_SHARE:
             return
-        for lease in list(self.leases.values()):
-            lease.doubt()
+        self.book.doubt_leases()
 
     async def _listen_loop(self) -> None:
         key = f"{self.settings.prefix}:g:{self.process_id}"
@@ -413,10 +432,7 @@ class RedisCoordinator:
             if item is None:
                 continue
             try:
-                message = json.loads(item[1])
-                waiter = self.waiters.get(str(message.get("id")))
-                if waiter is not None:
-                    waiter.controller.on_message(waiter, message)
+                self.book.deliver(Message.decode(item[1]))
             except Exception:
                 logger.exception("admission grant could not be handled")
 
@@ -426,7 +442,7 @@ class RedisCoordinator:
         counter = self.local_counts.get(workspace_id)
         if counter is None:
             counter = self.local_counts[workspace_id] = Counter()
-        counter[f"{provider_id}\t{decision}\t{reason}"] += 1
+        counter[(provider_id, decision, reason)] += 1
 
     async def refresh(self, workspace_id: str) -> None:
         """Ask the host to bring this process's profile of the workspace up to date."""

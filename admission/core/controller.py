@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from admission.core.errors import AdmissionRejected
 from admission.core.evidence import AdmissionEvidence, BreakerTransition, QueueSnapshot
+from admission.core.lease import ReleaseOutcome, give_back_checked
+from admission.core.rejection import HINTED_REASONS, rejected, retry_hint
 from admission.core.rotation import Rotation
 from admission.core.rules import (
     EPSILON,
@@ -27,9 +29,9 @@ from admission.core.rules import (
     gate_fails,
     static_reason,
     valid_amount,
-    valid_count,
 )
 from admission.core.scopes import Budget, Pair, Scope, TokenBucket
+from admission.core.ticket import Ticket
 
 if TYPE_CHECKING:
     from admission.core.hosting import ControllerHost
@@ -44,8 +46,6 @@ MIN_TIMER_STEP_MS = 1e-3
 CLOCK_TOLERANCE_MS = 50.0
 RETRY_PRESSURE_WINDOW_MS = 60_000.0
 RETRY_PRESSURE_CAP = 4096
-MAX_RETRY_HINT_MS = 30_000
-DEFAULT_RETRY_BASE_MS = 1_000.0
 TRANSITION_HISTORY = 256
 # Stale entries the heap of waiting lanes' turns may hold beyond twice the live lanes.
 TURN_SLACK = 32
@@ -53,42 +53,28 @@ TURN_SLACK = 32
 _turn_entries = itertools.count()
 
 
-class _Ticket:
-    """One acquire call: the request, its judged estimate and, while queued, its place in a lane."""
-
-    # Every dispatch takes one request from each request bucket (see `rules`).
-    requests = 1
+class _Ticket(Ticket):
+    """A `Ticket` with its place while queued here: its scopes, lane, future and timers."""
 
     __slots__ = (
-        "P",
-        "V",
-        "arrived_ms",
-        "attempts",
-        "batch_size",
-        "cost",
         "defer_reason",
         "expire_ms",
         "expire_reason",
         "future",
         "holds",
-        "invalid",
-        "items",
         "lane",
         "pair",
-        "request",
-        "request_bytes",
-        "retained_work",
+        "principal_scope",
+        "provider_scope",
         "timer",
-        "tokens",
         "transitions",
         "unsubscribe",
     )
 
     def __init__(self, request: AdmissionRequest, now_ms: float) -> None:
-        self.request = request
-        self.arrived_ms = now_ms
-        self.P: Scope | None = None
-        self.V: Scope | None = None
+        super().__init__(request, now_ms)
+        self.principal_scope: Scope | None = None
+        self.provider_scope: Scope | None = None
         self.pair: Pair | None = None
         self.lane: _Lane | None = None
         self.future: asyncio.Future[Lease] | None = None
@@ -99,43 +85,6 @@ class _Ticket:
         self.defer_reason: str | None = None
         self.expire_ms = math.inf
         self.expire_reason = ""
-        estimate = request.estimate
-        tokens = estimate.tokens
-        request_bytes = estimate.request_bytes
-        items = estimate.items
-        attempts = estimate.attempts
-        batch_size = estimate.batch_size
-        retained_work = estimate.retained_work
-        cost = estimate.cost_usd
-        invalid = False
-        # Plain non-negative ints (the common case) pass without a call per field.
-        for value in (tokens, request_bytes, items, attempts, batch_size, retained_work):
-            plain = value is None or (type(value) is int and value >= 0)
-            if not plain and not valid_count(value):
-                invalid = True
-                break
-        if cost is not None and not valid_amount(cost):
-            invalid = True
-        self.invalid = invalid
-        if invalid:
-            # Malformed host figures never reach evidence or any counter.
-            self.tokens = self.request_bytes = self.items = None
-            self.batch_size = self.retained_work = None
-            self.attempts = 1
-            self.cost = None
-            return
-        # Integral floats count as the integers they are.
-        self.tokens = tokens if tokens is None or type(tokens) is int else int(tokens)
-        self.request_bytes = _as_int(request_bytes)
-        self.items = _as_int(items)
-        self.batch_size = _as_int(batch_size)
-        self.retained_work = _as_int(retained_work)
-        self.attempts = 1 if attempts is None else int(attempts)
-        self.cost = float(cost) if cost is not None else None
-
-
-def _as_int(value: Any) -> int | None:
-    return value if value is None or type(value) is int else int(value)
 
 
 class _Lane:
@@ -189,7 +138,7 @@ class Lease:
         self.principal_id = request.principal_id
         self.provider_id = request.provider_id
         self.evidence = evidence
-        self._scopes = (ticket.P, ticket.V, ticket.pair)
+        self._scopes = (ticket.principal_scope, ticket.provider_scope, ticket.pair)
         self._tokens = ticket.tokens
         self._cost = ticket.cost
         self._generation = generation
@@ -215,22 +164,10 @@ class Lease:
         if self._released:
             return
         self._released = True
-        problems = []
-        if success is not None and type(success) is not bool:
-            problems.append("success must be True, False or None")
-            success = None
-        if retry_after_ms is not None and not valid_amount(retry_after_ms):
-            problems.append("retry_after_ms must be a finite non-negative number")
-            retry_after_ms = None
-        if actual_tokens is not None and not valid_count(actual_tokens):
-            problems.append("actual_tokens must be a non-negative integer")
-            actual_tokens = None
-        if actual_cost_usd is not None and not valid_amount(actual_cost_usd):
-            problems.append("actual_cost_usd must be a finite non-negative number")
-            actual_cost_usd = None
-        self._controller._release(self, success, retry_after_ms, actual_tokens, actual_cost_usd)
-        if problems:
-            raise ValueError("; ".join(problems))
+        give_back_checked(self._give_back, success, retry_after_ms, actual_tokens, actual_cost_usd)
+
+    def _give_back(self, outcome: ReleaseOutcome) -> None:
+        self._controller._release(self, outcome)
 
 
 class AdmissionController:
@@ -452,8 +389,8 @@ class AdmissionController:
             provider = self._provider_scope(request.provider_id)
         if provider is None or not provider.configured:
             return "unconfigured-provider"
-        ticket.P = principal
-        ticket.V = provider
+        ticket.principal_scope = principal
+        ticket.provider_scope = provider
         if ticket.pair is None:
             ticket.pair = provider.pair(request.principal_id)
         deadline = request.deadline_ms
@@ -490,7 +427,7 @@ class AdmissionController:
         A deferral is (reason, parked-set or None, wake-at ms or None, bucket to hold or None).
         Nothing is consumed here.
         """
-        principal, provider, pair = ticket.P, ticket.V, ticket.pair
+        principal, provider, pair = ticket.principal_scope, ticket.provider_scope, ticket.pair
         workspace = self._workspace
         assert principal is not None and provider is not None and pair is not None
         if principal.active >= principal.limits.concurrency:
@@ -559,7 +496,7 @@ class AdmissionController:
         return None
 
     def _queue_full(self, ticket: _Ticket) -> bool:
-        principal, provider, pair = ticket.P, ticket.V, ticket.pair
+        principal, provider, pair = ticket.principal_scope, ticket.provider_scope, ticket.pair
         workspace = self._workspace
         assert principal is not None and provider is not None and pair is not None
         for scope in (principal, workspace, provider):
@@ -582,7 +519,7 @@ class AdmissionController:
     def _evidence(
         self, ticket: _Ticket, decision: str, reason: str, now: float
     ) -> AdmissionEvidence:
-        principal, provider = ticket.P, ticket.V
+        principal, provider = ticket.principal_scope, ticket.provider_scope
         breaker = provider.breaker if provider is not None else None
         # Positional: this runs for every decision.
         return AdmissionEvidence(
@@ -603,36 +540,23 @@ class AdmissionController:
 
     def _rejection(self, ticket: _Ticket, reason: str, now: float) -> AdmissionRejected:
         evidence = self._evidence(ticket, "reject", reason, now)
-        hint = None
-        if reason == "queue-full" or reason == "queue-timeout":
-            hint = self._retry_hint(ticket, now)
-            evidence.retry_after_ms = hint
+        hint = self._retry_hint(ticket, now) if reason in HINTED_REASONS else None
         self._release_holds(ticket)
-        if self._registry.reports_decisions:
-            self._registry.report_decision("reject", reason, ticket.request, evidence)
-        return AdmissionRejected(reason, evidence, hint)
+        return rejected(self._registry, ticket, reason, evidence, hint)
 
     def _retry_hint(self, ticket: _Ticket, now: float) -> float:
-        """A jittered hint (0.5x to 1.5x of a base), so rejected callers do not return in lockstep.
-
-        The base is what is known to be in the way: the provider's Retry-After pause or open
-        breaker, else half of the smallest queue dwell bound, else one second.
-        """
-        base = 0.0
-        provider = ticket.V
+        """The shared retry hint, based on the provider's Retry-After pause or open breaker."""
+        in_the_way = 0.0
+        provider = ticket.provider_scope
         if provider is not None:
-            base = max(base, provider.pause_until_ms - now)
+            in_the_way = max(in_the_way, provider.pause_until_ms - now)
             breaker, config = provider.breaker, provider.breaker_config
             if breaker is not None and config is not None and breaker.state == "open":
-                base = max(base, breaker.opened_ms + config.open_ms - now)
-        if base <= 0:
-            dwell = self._dwell_limit(ticket)
-            base = dwell / 2 if dwell != math.inf else DEFAULT_RETRY_BASE_MS
-        hint = base * (0.5 + self._registry.rng.random())
-        return float(min(MAX_RETRY_HINT_MS, max(1, round(hint))))
+                in_the_way = max(in_the_way, breaker.opened_ms + config.open_ms - now)
+        return retry_hint(in_the_way, self._dwell_limit(ticket), self._registry.rng)
 
     def _admit(self, ticket: _Ticket, now: float) -> Lease:
-        principal, provider, pair = ticket.P, ticket.V, ticket.pair
+        principal, provider, pair = ticket.principal_scope, ticket.provider_scope, ticket.pair
         workspace = self._workspace
         assert principal is not None and provider is not None and pair is not None
         request = ticket.request
@@ -693,14 +617,9 @@ class AdmissionController:
             self._registry.report_decision("admit", "admitted", request, evidence)
         return Lease(self, ticket, evidence, generation, probe)
 
-    def _release(
-        self,
-        lease: Lease,
-        success: bool | None,
-        retry_after_ms: float | None,
-        actual_tokens: int | None,
-        actual_cost_usd: float | None,
-    ) -> None:
+    def _release(self, lease: Lease, outcome: ReleaseOutcome) -> None:
+        success, retry_after_ms = outcome.success, outcome.retry_after_ms
+        actual_tokens, actual_cost_usd = outcome.actual_tokens, outcome.actual_cost_usd
         principal, provider, pair = lease._scopes
         workspace = self._workspace
         assert principal is not None and provider is not None and pair is not None
@@ -863,7 +782,7 @@ class AdmissionController:
 
     def _dwell_limit(self, ticket: _Ticket) -> float:
         dwell = math.inf
-        for scope in (ticket.P, self._workspace, ticket.V):
+        for scope in (ticket.principal_scope, self._workspace, ticket.provider_scope):
             if scope is not None and scope.limits.max_queue_wait_ms is not None:
                 dwell = min(dwell, scope.limits.max_queue_wait_ms)
         return dwell
@@ -902,10 +821,11 @@ class AdmissionController:
         ticket.future = future
         ticket.lane = lane
         lane.waiters[ticket] = None
-        assert ticket.P is not None and ticket.V is not None and ticket.pair is not None
-        ticket.P.queued += 1
+        assert ticket.principal_scope is not None and ticket.provider_scope is not None
+        assert ticket.pair is not None
+        ticket.principal_scope.queued += 1
         self._workspace.queued += 1
-        ticket.V.queued += 1
+        ticket.provider_scope.queued += 1
         ticket.pair.queued += 1
         self._waiting += 1
         self._arm_expiry(ticket)
@@ -923,10 +843,11 @@ class AdmissionController:
         assert lane is not None
         del lane.waiters[ticket]
         ticket.lane = None
-        assert ticket.P is not None and ticket.V is not None and ticket.pair is not None
-        ticket.P.queued -= 1
+        assert ticket.principal_scope is not None and ticket.provider_scope is not None
+        assert ticket.pair is not None
+        ticket.principal_scope.queued -= 1
         self._workspace.queued -= 1
-        ticket.V.queued -= 1
+        ticket.provider_scope.queued -= 1
         ticket.pair.queued -= 1
         self._waiting -= 1
         if ticket.timer is not None:
@@ -949,7 +870,7 @@ class AdmissionController:
         self._release_holds(ticket)
         if was_head and lane.waiters:
             self._make_ready(lane)
-        principal = ticket.P
+        principal = ticket.principal_scope
         if principal is not None and not principal.active and not principal.queued:
             self._note_idle_principal(principal.key)
         if not self._leases and not self._waiting and self._registry.evicts_idle:

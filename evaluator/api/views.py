@@ -105,6 +105,7 @@ class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
     starts_runs = True
     # The request document is nested JSON: a form or multipart body cannot carry it.
     parser_classes = [BoundedJSONParser]
+    body_limit_setting = "SLUICE_MAX_EVALUATION_REQUEST_BYTES"
 
     def get_queryset(self) -> QuerySet[EvaluationRun]:
         if getattr(self, "swagger_fake_view", False):

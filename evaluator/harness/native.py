@@ -54,6 +54,7 @@ COMPILED_MODULES = (
     "admission.core.rotation",
     "admission.core.rules",
     "admission.core.scopes",
+    "admission.core.ticket",
     "evaluator.harness.arrivals",
 )
 

@@ -66,3 +66,32 @@ def test_the_flag_and_its_environment_variable(monkeypatch, argv, environment, s
     monkeypatch.setattr(cli, "run_command", lambda args: seen.update(vars(args)) or 0)
     assert cli.main(argv) == 0
     assert seen["show_credentials"] is shown
+
+
+def test_the_banner_names_the_credentials_file_and_whose_token_the_curl_line_uses(capsys, tmp_path):
+    kept = tmp_path / "demo-credentials.txt"
+    cli._banner(
+        DEMO, "0.0.0.0:8000", "filesystem", "sqlite3", show_credentials=False, credentials=kept
+    )
+    out = capsys.readouterr().out
+    assert not any(secret in out for secret in SECRETS)
+    assert f"The demo passwords are in {kept} (readable by you only)." in out
+    assert "Run an evaluation as demo-proposer (TOKEN is demo-proposer's API token" in out
+    assert "  TOKEN=$(cd " in out and "demo-setup --token demo-proposer)\n" in out
+
+    cli._banner(
+        DEMO, cli.DEFAULT_ADDR, "filesystem", "sqlite3", show_credentials=True, credentials=kept
+    )
+    out = capsys.readouterr().out
+    assert "Run an evaluation as demo-proposer (with demo-proposer's API token" in out
+    assert f"The passwords are kept in {kept}" in out
+    assert "TOKEN=" not in out
+
+
+def test_demo_setup_token_prints_one_fresh_token_or_names_the_users(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_prepare", lambda verbosity: (DEMO, None))
+    assert cli.main(["demo-setup", "--token", "demo-approver"]) == 0
+    assert capsys.readouterr().out == "tok-approver-456\n"
+    assert cli.main(["demo-setup", "--token", "root"]) == 2
+    err = capsys.readouterr().err
+    assert "--token takes a demo user, demo-proposer or demo-approver; got 'root'" in err

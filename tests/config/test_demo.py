@@ -3,12 +3,23 @@ run issues working API tokens."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from admission.models import WorkspaceMembership
-from config.demo import APPROVER, FIXED_PASSWORDS, PROPOSER, demo_setup
+from config.demo import (
+    APPROVER,
+    CREDENTIALS_FILE,
+    FIXED_PASSWORDS,
+    PROPOSER,
+    DemoUser,
+    credentials_file_read,
+    credentials_file_save,
+    demo_setup,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -61,3 +72,31 @@ def test_fixed_passwords_only_when_asked_for(settings):
     demo = demo_setup()
     assert demo.proposer.password == FIXED_PASSWORDS[PROPOSER]
     assert demo.approver.password == FIXED_PASSWORDS[APPROVER]
+
+
+def test_created_passwords_are_kept_in_an_owner_only_file(tmp_path):
+    demo = demo_setup()
+    path = credentials_file_save(demo, tmp_path / "var")
+    assert path == tmp_path / "var" / CREDENTIALS_FILE
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    kept = credentials_file_read(path)
+    assert kept == {PROPOSER: demo.proposer.password, APPROVER: demo.approver.password}
+    users = get_user_model().objects
+    assert all(users.get(username=name).check_password(kept[name]) for name in kept)
+    # A later run creates nothing: the file is named, not rewritten.
+    path.chmod(0o644)
+    assert credentials_file_save(demo_setup(), tmp_path / "var") == path
+    assert credentials_file_read(path) == kept
+    # An account made again (its row was removed) replaces its own line only, owner-only again.
+    later = demo_setup()
+    again = dataclasses.replace(later, approver=DemoUser(APPROVER, "made-again", "t"))
+    credentials_file_save(again, tmp_path / "var")
+    assert credentials_file_read(path) == kept | {APPROVER: "made-again"}
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in path.parent.iterdir()] == [CREDENTIALS_FILE]
+
+
+def test_no_file_is_named_when_the_accounts_predate_it(tmp_path):
+    demo_setup()
+    assert credentials_file_save(demo_setup(), tmp_path) is None
+    assert not (tmp_path / CREDENTIALS_FILE).exists()

@@ -17,7 +17,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from admission.core import AdmissionRegistry, AdmissionRejected, Limits, Profile, VirtualTimeLoop
-from admission.core.controller import _Ticket
 from admission.core.rules import (
     EPSILON,
     budget_reason,
@@ -28,6 +27,7 @@ from admission.core.rules import (
     valid_amount,
     valid_count,
 )
+from admission.core.ticket import Ticket
 
 from .conftest import WORKSPACE, examples, request
 
@@ -215,11 +215,11 @@ def test_CNC_ADMIT_009_requests_per_minute_of_zero_refuses_every_request():
 
 
 def test_the_ticket_reads_an_estimate_as_the_rules_count_it():
-    ticket = _Ticket(request(tokens=2.0, cost_usd=1, items=3, attempts=None), 0.0)
+    ticket = Ticket(request(tokens=2.0, cost_usd=1, items=3, attempts=None), 0.0)
     assert (ticket.tokens, ticket.cost, ticket.items, ticket.attempts) == (2, 1.0, 3, 1)
     assert type(ticket.tokens) is int and type(ticket.cost) is float
     assert ticket.requests == 1 and not ticket.invalid
-    assert _Ticket(request(tokens=-1), 0.0).invalid
+    assert Ticket(request(tokens=-1), 0.0).invalid
 
 
 @pytest.mark.parametrize(

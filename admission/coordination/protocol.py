@@ -1,0 +1,512 @@
+"""The wire between a process and the Redis functions: typed arguments in, typed results out.
+
+Each function call is one dataclass (`Acquire`, `Release`, ...) that knows its entry's name,
+packs its own arguments and parses the function's answer into a result dataclass. The functions'
+own short JSON keys and their positional arguments (with `''` for "none") stay inside this
+module; nothing else reads or writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from admission.core.evidence import BreakerTransition
+
+__all__ = [
+    "ADMIT",
+    "GRANT",
+    "LOST",
+    "NO_FIGURES",
+    "NO_PROFILE",
+    "QUEUED",
+    "RECOVERING",
+    "REFUSAL",
+    "REJECT",
+    "STALE",
+    "Acquire",
+    "Call",
+    "CoordinationUnavailable",
+    "Decision",
+    "Figures",
+    "ForgetBudget",
+    "Header",
+    "Heartbeat",
+    "HeartbeatResult",
+    "Install",
+    "InstallResult",
+    "LeaseRecord",
+    "Message",
+    "Pause",
+    "Pump",
+    "PumpResult",
+    "Reassert",
+    "ReassertResult",
+    "Release",
+    "State",
+    "Withdraw",
+    "Written",
+]
+
+R = TypeVar("R")
+
+# Statuses of a decision (`Decision.status`).
+ADMIT, REJECT, QUEUED = "admit", "reject", "queued"
+RECOVERING, NO_PROFILE, STALE = "recovering", "noprofile", "stale"
+# Kinds of a message for a waiter (`Message.kind`).
+GRANT, REFUSAL, LOST = "grant", "refusal", "lost"
+_KINDS = {"g": GRANT, "r": REFUSAL, "lost": LOST}
+
+
+class CoordinationUnavailable(Exception):
+    """Redis did not answer in time or at all; nothing was decided."""
+
+
+def _optional(value: float | int | None) -> str | int:
+    if value is None:
+        return ""
+    if type(value) is int:
+        return value
+    return repr(float(value))
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """What every call carries before its own arguments."""
+
+    prefix: str
+    workspace_id: str
+    idle_ttl_ms: int
+    process_id: str
+    lease_ttl_ms: int
+    # The epoch of the shared state the caller knows ('' when it speaks for none).
+    epoch: str
+    recovery_grace_ms: int
+    budget_ttl_ms: int
+
+    def pack(self) -> list[Any]:
+        return [
+            self.prefix,
+            self.workspace_id,
+            self.idle_ttl_ms,
+            self.process_id,
+            self.lease_ttl_ms,
+            self.epoch,
+            self.recovery_grace_ms,
+            self.budget_ttl_ms,
+        ]
+
+
+# ------------------------------------------------------------------------------ results
+
+
+def _transitions(raw: dict[str, Any]) -> list[BreakerTransition]:
+    return [
+        BreakerTransition(
+            provider_id=str(item["providerId"]),
+            from_state=str(item["from"]),
+            to_state=str(item["to"]),
+            at_epoch_ms=float(item["atEpochMs"]),
+            failures=int(item["failures"]),
+        )
+        for item in raw.get("tr") or ()
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """The deployment-wide figures a decision brings back for its principal and provider."""
+
+    # False when the answer carried no figures (then active and queued are zeros).
+    known: bool = False
+    active: int = 0
+    queued: int = 0
+    retry_pressure: int = 0
+    breaker_state: str = "closed"
+    # Milliseconds from now until the provider's Retry-After pause ends / its breaker reopens.
+    pause_ms: float = 0.0
+    open_ms: float = 0.0
+    transitions: list[BreakerTransition] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Figures:
+        return cls(
+            "a" in raw,
+            int(raw.get("a", 0)),
+            int(raw.get("q", 0)),
+            int(raw.get("rp", 0)),
+            str(raw.get("bs", "closed")),
+            float(raw.get("pz", 0)),
+            float(raw.get("op", 0)),
+            _transitions(raw),
+        )
+
+    @property
+    def in_the_way_ms(self) -> float:
+        """How long what is known to block the provider lasts (0 when nothing does)."""
+        return max(self.pause_ms, self.open_ms)
+
+
+NO_FIGURES = Figures()
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer to `Acquire`: admitted, refused, queued, or what must happen first."""
+
+    status: str
+    figures: Figures = NO_FIGURES
+    reason: str | None = None
+    # Queued: ms until a time-based wake (a bucket refills, a pause ends) if one is due.
+    wake_ms: float | None = None
+    # Recovering: ms until admission resumes after the shared state was lost.
+    wait_ms: float = 0.0
+    # Stale: the revision Redis holds and its ledger position.
+    revision: str | None = None
+    sequence: int | None = None
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Decision:
+        wake = raw.get("wake")
+        sequence = raw.get("seq")
+        reason = raw.get("reason")
+        return cls(
+            str(raw["st"]),
+            Figures.parse(raw),
+            None if reason is None else str(reason),
+            None if wake is None else float(wake),
+            float(raw.get("wait", 0)),
+            None if raw.get("rev") is None else str(raw["rev"]),
+            None if sequence is None else int(sequence),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A verdict for one of this process's waiters: a grant, a refusal, or "no longer known"."""
+
+    kind: str
+    waiter_id: str
+    workspace_id: str = ""
+    reason: str | None = None
+    figures: Figures = NO_FIGURES
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Message:
+        reason = raw.get("reason")
+        return cls(
+            _KINDS.get(str(raw.get("t")), LOST),
+            str(raw.get("id")),
+            str(raw.get("ws", "")),
+            None if reason is None else str(reason),
+            Figures.parse(raw),
+        )
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> Message:
+        return cls.parse(json.loads(text))
+
+    @classmethod
+    def from_decision(cls, waiter_id: str, decision: Decision) -> Message:
+        """A decision made for a waiter being queued again, as the message it stands for."""
+        kind = GRANT if decision.status == ADMIT else REFUSAL
+        return cls(kind, waiter_id, "", decision.reason, decision.figures)
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """The answer to a write (release, withdraw, pause, forget)."""
+
+    status: str
+    figures: Figures = NO_FIGURES
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Written:
+        return cls(str(raw["st"]), Figures.parse(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    live: int
+    # The process had been given up for dead: its permits went back to the pools.
+    reborn: bool
+    audit: list[Message]
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> HeartbeatResult:
+        return cls(
+            int(raw.get("live") or 1),
+            bool(raw.get("nb")),
+            [Message.parse(entry) for entry in raw.get("audit") or ()],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class InstallResult:
+    status: str
+    revision: str | None = None
+    sequence: int | None = None
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> InstallResult:
+        sequence = raw.get("seq")
+        return cls(
+            str(raw["st"]),
+            None if raw.get("rev") is None else str(raw["rev"]),
+            None if sequence is None else int(sequence),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PumpResult:
+    wake_ms: float | None
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> PumpResult:
+        wake = raw.get("wake")
+        return cls(None if wake is None else float(wake))
+
+
+@dataclass(frozen=True, slots=True)
+class ReassertResult:
+    restored: int
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> ReassertResult:
+        return cls(int(raw.get("restored", 0)))
+
+
+# -------------------------------------------------------------------------------- calls
+
+
+class Call(Generic[R]):
+    """One function call: its entry's name, its packed arguments, and its answer's parser."""
+
+    entry: ClassVar[str]
+    # A call that may admit or queue under the caller's workspace registration.
+    __slots__ = ()
+
+    def pack(self) -> list[Any]:
+        raise NotImplementedError
+
+    def parse(self, raw: dict[str, Any]) -> R:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Acquire(Call[Decision]):
+    """Admit now, queue fairly, or refuse one request."""
+
+    entry: ClassVar[str] = "acquire"
+    revision: str
+    request_id: str
+    principal_id: str
+    provider_id: str
+    budget_id: str
+    tokens: int | None
+    cost_usd: float | None
+    attempts: int
+    dwell_ms: float | None
+    # Milliseconds from now until the request's deadline, if it has one.
+    deadline_in_ms: float | None
+    # The caller's process has this workspace registered already (saves a write).
+    registered: bool
+
+    def pack(self) -> list[Any]:
+        return [
+            self.revision,
+            self.request_id,
+            self.principal_id,
+            self.provider_id,
+            self.budget_id,
+            _optional(self.tokens),
+            _optional(self.cost_usd),
+            self.attempts,
+            _optional(self.dwell_ms),
+            _optional(self.deadline_in_ms),
+            "1" if self.registered else "",
+        ]
+
+    def parse(self, raw: dict[str, Any]) -> Decision:
+        return Decision.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Call[Written]):
+    """Give a lease back, with what the host reported about the call it covered."""
+
+    entry: ClassVar[str] = "release"
+    lease_id: str
+    success: bool | None = None
+    retry_after_ms: float | None = None
+    actual_tokens: int | None = None
+    actual_cost_usd: float | None = None
+
+    def pack(self) -> list[Any]:
+        success = self.success
+        return [
+            self.lease_id,
+            "" if success is None else ("1" if success else "0"),
+            "" if self.retry_after_ms is None else repr(float(self.retry_after_ms)),
+            "" if self.actual_tokens is None else int(self.actual_tokens),
+            "" if self.actual_cost_usd is None else repr(float(self.actual_cost_usd)),
+        ]
+
+    def parse(self, raw: dict[str, Any]) -> Written:
+        return Written.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Withdraw(Call[Written]):
+    """A waiter leaves its lane; a grant made for it meanwhile goes back unused."""
+
+    entry: ClassVar[str] = "withdraw"
+    waiter_id: str
+    reason: str
+
+    def pack(self) -> list[Any]:
+        return [self.waiter_id, self.reason]
+
+    def parse(self, raw: dict[str, Any]) -> Written:
+        return Written.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Pause(Call[Written]):
+    """A provider-wide Retry-After pause (starts or extends, never shortens)."""
+
+    entry: ClassVar[str] = "pause"
+    provider_id: str
+    ms: float
+
+    def pack(self) -> list[Any]:
+        return [self.provider_id, repr(float(self.ms))]
+
+    def parse(self, raw: dict[str, Any]) -> Written:
+        return Written.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetBudget(Call[Written]):
+    """Forget one invocation's budgets and repeat counts."""
+
+    entry: ClassVar[str] = "forget_budget"
+    budget_id: str
+
+    def pack(self) -> list[Any]:
+        return [self.budget_id]
+
+    def parse(self, raw: dict[str, Any]) -> Written:
+        return Written.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Pump(Call[PumpResult]):
+    """Serve a workspace's lanes now (a time-based wake fell due)."""
+
+    entry: ClassVar[str] = "pump"
+
+    def pack(self) -> list[Any]:
+        return []
+
+    def parse(self, raw: dict[str, Any]) -> PumpResult:
+        return PumpResult.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Install(Call[InstallResult]):
+    """Make a profile revision current, unless a later one is there already."""
+
+    entry: ClassVar[str] = "install"
+    revision: str
+    sequence: int
+    digest: str
+    # Profile hash field -> its value, as `limits.profile_fields` writes them.
+    fields: dict[str, str]
+
+    def pack(self) -> list[Any]:
+        return [self.revision, self.sequence, self.digest, _compact(self.fields)]
+
+    def parse(self, raw: dict[str, Any]) -> InstallResult:
+        return InstallResult.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRecord:
+    """A permit this process holds, as it puts it back after the shared state was lost."""
+
+    lease_id: str
+    principal_id: str
+    provider_id: str
+    budget_id: str
+    tokens: int | None = None
+    cost_usd: float | None = None
+
+    def encode(self) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "id": self.lease_id,
+            "pid": self.principal_id,
+            "prov": self.provider_id,
+            "bud": self.budget_id,
+        }
+        if self.tokens is not None:
+            record["tok"] = self.tokens
+        if self.cost_usd is not None:
+            record["cost"] = self.cost_usd
+        return record
+
+
+@dataclass(frozen=True, slots=True)
+class Reassert(Call[ReassertResult]):
+    """Put back the permits this process still holds in one workspace."""
+
+    entry: ClassVar[str] = "reassert"
+    leases: tuple[LeaseRecord, ...]
+
+    def pack(self) -> list[Any]:
+        return [_compact([lease.encode() for lease in self.leases])]
+
+    def parse(self, raw: dict[str, Any]) -> ReassertResult:
+        return ReassertResult.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(Call[HeartbeatResult]):
+    """Renew this process's lease, report local decision counts, audit long waiters."""
+
+    entry: ClassVar[str] = "heartbeat"
+    # workspace -> {(provider, decision, reason): count} of decisions made without a round trip.
+    counts: dict[str, dict[tuple[str, str, str], int]]
+    # workspace -> ids of this process's waiters that have waited a while.
+    audit: dict[str, list[str]]
+
+    def pack(self) -> list[Any]:
+        counts = {
+            workspace: {"\t".join(label): n for label, n in by_label.items()}
+            for workspace, by_label in self.counts.items()
+        }
+        return [_compact(counts), _compact(self.audit)]
+
+    def parse(self, raw: dict[str, Any]) -> HeartbeatResult:
+        return HeartbeatResult.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class State(Call[dict[str, Any]]):
+    """What Redis holds for one workspace (operators' views): a report document, not a
+    decision, so it stays a dict whose keys `RedisCoordinator.state_sync` documents."""
+
+    entry: ClassVar[str] = "state"
+    principal_id: str = ""
+    minutes: int = 0
+
+    def pack(self) -> list[Any]:
+        return [self.principal_id, self.minutes]
+
+    def parse(self, raw: dict[str, Any]) -> dict[str, Any]:
+        return raw
