@@ -28,7 +28,7 @@ from admission.admin import (
 )
 from evaluator import cancellation, load_runs, selectors, services
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
-from evaluator.load_charts import load_run_glance
+from evaluator.load_charts import load_run_bounds, load_run_glance
 from evaluator.models import EvaluationRun, LoadRun, Receipt
 
 
@@ -353,7 +353,7 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
         if (
             run is not None
             and not run.finished
-            and access.can(request.user, access.RUN_LOAD, run.workspace)
+            and load_runs.may_cancel_load_run(request.user, run)
         ):
             context["cancel_action"] = "cancel_load_runs"
         return super().change_view(request, object_id, form_url, context)
@@ -364,7 +364,11 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
             return "-"
         return f"{obj.progress:.0%}"
 
-    @admin.action(description="Cancel the selected load runs", permissions=["add"])
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        # Proposers cancel their own what-if runs; the service decides per run.
+        return access.workspaces_for(request.user, access.PROPOSE).exists()
+
+    @admin.action(description="Cancel the selected load runs", permissions=["cancel"])
     def cancel_load_runs(self, request: HttpRequest, queryset: QuerySet[LoadRun]) -> None:
         for run in queryset.select_related("workspace"):
             try:
@@ -397,12 +401,12 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="bounds")
     def comparisons(self, obj: LoadRun) -> SafeString | str:
-        items = (obj.record or {}).get("comparisons") or []
+        # Rounded for reading; the record below keeps every figure whole.
         return _table(
             ("bound", "observed", "limit", ""),
             (
-                (c["bound"], c["observed"], c["limit"], "pass" if c["pass"] else "FAIL")
-                for c in items
+                (row.bound, row.observed, row.limit, "pass" if row.passed else "FAIL")
+                for row in load_run_bounds(obj.record)
             ),
         )
 

@@ -36,6 +36,7 @@ __all__ = [
     "load_run_cancel",
     "load_run_execute_claimed",
     "load_run_run_here",
+    "may_cancel_load_run",
 ]
 
 logger = logging.getLogger(__name__)
@@ -229,6 +230,18 @@ def load_run_run_here(
         time.sleep(poll_seconds)
 
 
+def may_cancel_load_run(user: Any, run: LoadRun) -> bool:
+    """Operators cancel any load run of their workspace; whoever started a what-if run may
+    cancel it while they may still start one."""
+    if access.can(user, access.RUN_LOAD, run.workspace):
+        return True
+    return (
+        run.what_if_version_id is not None
+        and run.submitted_by_id == getattr(user, "pk", None)
+        and access.can(user, access.PROPOSE, run.workspace)
+    )
+
+
 def load_run_cancel(run: LoadRun, user: Any) -> LoadRun:
     """Cancel a load run for `user` (who may start load runs in its workspace); returns it as
     it is now: `cancelled` when it was queued, else still `running` with the request recorded,
@@ -236,9 +249,10 @@ def load_run_cancel(run: LoadRun, user: Any) -> LoadRun:
 
     Raises `RunCancelNotAllowed` or `RunAlreadyFinished`.
     """
-    if not access.can(user, access.RUN_LOAD, run.workspace):
+    if not may_cancel_load_run(user, run):
         raise RunCancelNotAllowed(
-            f"only operators cancel load runs in workspace {run.workspace.key}"
+            f"only operators cancel load runs in workspace {run.workspace.key} (and proposers "
+            "their own what-if runs)"
         )
     with transaction.atomic():
         locked = (

@@ -54,7 +54,7 @@ def what_if_run_list(*, version: ProfileVersion) -> QuerySet[LoadRun]:
     """The what-if runs of one profile version, newest first."""
     return (
         LoadRun.objects.filter(what_if_version=version)
-        .select_related("workspace", "submitted_by", "what_if_version")
+        .select_related("workspace", "submitted_by", "what_if_version", "cancel_requested_by")
         .order_by("-created_at", "-id")
     )
 

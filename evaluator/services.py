@@ -407,8 +407,11 @@ def load_run_submit(
     Raises `LoadRunNotAllowed`, `LoadRunBacklogFull` or `InvalidRunRequest` (field `manifest`,
     `target`, `version` or `mapping…`).
     """
-    if not access.can(principal_user, access.RUN_LOAD, workspace):
-        raise LoadRunNotAllowed(f"you may not start load runs in workspace {workspace.key}")
+    # A what-if run qualifies a proposal, so whoever may propose may ask for one.
+    act = access.PROPOSE if what_if_version is not None else access.RUN_LOAD
+    if not access.can(principal_user, act, workspace):
+        what = "what-if runs" if what_if_version is not None else "load runs"
+        raise LoadRunNotAllowed(f"you may not start {what} in workspace {workspace.key}")
     if manifest_name not in load_manifest_names():
         raise InvalidRunRequest(
             f"must be one of {', '.join(load_manifest_names())}", field="manifest"

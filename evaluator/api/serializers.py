@@ -159,6 +159,65 @@ class LoadRunSubmitSerializer(serializers.Serializer):
     )
 
 
+class WhatIfSubmitSerializer(serializers.Serializer):
+    """A what-if run of the profile version in the URL: the manifest's arrivals, service times
+    and bounds under the version's limits, on an offline target (virtual time)."""
+
+    manifest = serializers.CharField(
+        required=False,
+        default="load-manifest.v2.json",
+        help_text="A preregistered manifest with an arrival model (load-manifest.v2.json).",
+    )
+    target = serializers.CharField(
+        required=False,
+        default="admission-controller",
+        help_text="admission-controller or evaluator (both offline, on virtual time).",
+    )
+    mapping = serializers.JSONField(
+        required=False,
+        default=None,
+        help_text='Manifest ids onto the version\'s ids: {"principals": {"noisy": "batch"}, '
+        '"providers": {"jev": "llm"}}. Ids the version shares with the manifest map to '
+        "themselves; the rest in order.",
+    )
+
+
+class BoundVerdictSerializer(serializers.Serializer):
+    bound = serializers.CharField(help_text="The manifest's bound, e.g. maxQueueDelayMs.")
+    observed = serializers.JSONField(help_text="What the run observed.")
+    limit = serializers.JSONField(help_text="The manifest's limit.")
+    passed = serializers.BooleanField()
+
+
+class LoadRunVerdictSerializer(serializers.Serializer):
+    passed = serializers.BooleanField(help_text="Whether every bound held.")
+    failed = serializers.ListField(
+        child=serializers.CharField(), help_text="The bounds that did not hold, in record order."
+    )
+    bounds = BoundVerdictSerializer(many=True)
+
+
+def load_run_verdict(run: LoadRun) -> dict[str, Any] | None:
+    """A completed run's verdict per bound, read off its record (None before it completed)."""
+    record = run.record
+    if run.status != LoadRun.Status.COMPLETED or not isinstance(record, dict):
+        return None
+    bounds = [
+        {
+            "bound": item["bound"],
+            "observed": item["observed"],
+            "limit": item["limit"],
+            "passed": bool(item["pass"]),
+        }
+        for item in record.get("comparisons") or []
+    ]
+    return {
+        "passed": bool(record.get("passed")),
+        "failed": [item["bound"] for item in bounds if not item["passed"]],
+        "bounds": bounds,
+    }
+
+
 class LoadRunSerializer(WorkerRunSerializer):
     submittedBy = serializers.CharField(source="submitted_by.username", read_only=True)
     manifest = serializers.CharField(source="manifest_name", read_only=True)
@@ -196,6 +255,10 @@ class LoadRunSerializer(WorkerRunSerializer):
     mapping = serializers.JSONField(
         read_only=True, allow_null=True, help_text="A what-if run's requested id mapping."
     )
+    verdict = serializers.SerializerMethodField(
+        help_text="Once completed: every bound of the record with its verdict (the record keeps "
+        "the full precision)."
+    )
 
     class Meta:
         model = LoadRun
@@ -219,5 +282,10 @@ class LoadRunSerializer(WorkerRunSerializer):
             "error",
             "whatIfVersion",
             "mapping",
+            "verdict",
             "record",
         )
+
+    @extend_schema_field(LoadRunVerdictSerializer(allow_null=True))
+    def get_verdict(self, run: LoadRun) -> dict[str, Any] | None:
+        return load_run_verdict(run)

@@ -39,4 +39,9 @@ urlpatterns = [
         views.LoadRunCancelView.as_view(),
         name="workspace-load-run-cancel",
     ),
+    path(
+        f"{_WORKSPACE}/profiles/<path:profile_version>/what-if/",
+        views.WhatIfRunListView.as_view(),
+        name="workspace-profile-what-if",
+    ),
 ]
