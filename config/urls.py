@@ -1,6 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from admission.dashboard import dashboard_view
 from config.api_tokens import TokenIssueView
@@ -21,7 +21,8 @@ urlpatterns = [
     path("api/schemas/profile.json", ProfileSchemaView.as_view(), name="profile-schema"),
     path("api/schemas/evaluation.json", EvaluationSchemaView.as_view(), name="evaluation-schema"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # The split view serves Swagger UI's start-up script as a file: the page needs no inline script.
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
 ]
 
 # Under /api/ these answer the API's typed JSON error; elsewhere Django's plain pages.

@@ -246,3 +246,43 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return f"worker {self.id}"
+
+
+class UsageHour(models.Model):
+    """What one principal's evaluations used of one provider in one workspace during one hour
+    (evaluator/usage.py): calls sent, the actual tokens and cost reconciled with admission,
+    admission decisions and queue delay. A run counts in the hour it finished. Principal ids
+    appear here and in the workspace's own access-controlled pages, never in metrics."""
+
+    workspace = models.ForeignKey(
+        "admission.Workspace", on_delete=models.CASCADE, related_name="usage_hours"
+    )
+    hour = models.DateTimeField()
+    provider_id = models.CharField(max_length=128)
+    principal_id = models.CharField(max_length=128)
+    runs = models.PositiveIntegerField(default=0)
+    calls = models.PositiveIntegerField(default=0)
+    tokens = models.BigIntegerField(default=0)
+    cost_usd = models.FloatField(default=0.0)
+    # Calls sent whose cost nobody knows (no price and no figure from the provider).
+    unpriced_calls = models.PositiveIntegerField(default=0)
+    admitted = models.PositiveIntegerField(default=0)
+    # Admitted after waiting in the admission queue (the reasons are on Live admission).
+    deferred = models.PositiveIntegerField(default=0)
+    refused = models.PositiveIntegerField(default=0)
+    refused_by_reason = models.JSONField(default=dict)
+    queue_delay_ms_sum = models.FloatField(default=0.0)
+    queue_delay_ms_max = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ("hour", "provider_id", "principal_id")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "hour", "provider_id", "principal_id"],
+                name="evaluator_usage_hour_unique",
+            )
+        ]
+        indexes = [models.Index(fields=["workspace", "hour"], name="evaluator_usage_ws_hour")]
+
+    def __str__(self) -> str:
+        return f"usage {self.hour:%Y-%m-%d %H}h {self.provider_id}/{self.principal_id}"

@@ -44,7 +44,7 @@ from typing import Any, cast
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connections
 
-from admission import refresh, runtime
+from admission import live, refresh, runtime
 from admission.core import AdmissionRegistry
 from evaluator import dispatch, load_dispatch, services
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
@@ -129,6 +129,9 @@ class Runner:
         with self.loop.frozen():
             runtime.get_registry()
         refresh.start_listener(self.loop.frozen)
+        if not coordinated:
+            # No shared state to read: publish this process's figures for operators' views.
+            live.start_publisher(self.worker_id, self.loop.loop)
         self._thread.start()
         logger.info(
             "evaluation runner %s: %d slots, admission %s",
@@ -203,6 +206,7 @@ class Runner:
             logger.warning("could not give runs back at shutdown: %s", type(error).__name__)
         finally:
             refresh.stop_listener()
+            live.stop_publisher()
             self.database.shutdown(wait=False)
             connections.close_all()
 

@@ -28,7 +28,7 @@ from admission import access, rollout, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
-from evaluator import qualification
+from evaluator import qualification, usage
 from evaluator.cancel_watch import run_cancel_signal
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError
@@ -521,4 +521,7 @@ def _finish(run: RunT, *, status: str, claim: uuid.UUID | None = None, **values:
         for name, value in values.items():
             setattr(locked, name, value)
         locked.save()
+        if isinstance(locked, EvaluationRun):
+            # In the same transaction: a run's usage counts exactly once.
+            usage.usage_record_run(locked)
     return locked

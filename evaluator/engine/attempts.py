@@ -234,6 +234,7 @@ async def _dispatch(
                 tokens=tokens,
                 started_ms=started,
                 ended_ms=ctx.elapsed_ms(),
+                cost_usd=cost,
             )
         except _SignalFired:
             cause = "timeout" if is_deadline(signal.reason) else "cancelled"
@@ -286,6 +287,7 @@ async def _dispatch(
                 tokens=tokens,
                 started_ms=started,
                 ended_ms=ctx.elapsed_ms(),
+                cost_usd=float(cost) if valid_amount(cost) else None,
             )
     finally:
         try:

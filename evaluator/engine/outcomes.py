@@ -88,6 +88,9 @@ class AttemptRecord:
     tokens: int | None = None
     started_ms: float = 0.0
     ended_ms: float = 0.0
+    # What the call cost as reconciled with admission (the provider's figure, or tokens times
+    # the target's price), when known.
+    cost_usd: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -108,6 +111,8 @@ class AttemptRecord:
             doc["retryAfterMs"] = self.retry_after_ms
         if self.tokens is not None:
             doc["tokens"] = self.tokens
+        if self.cost_usd is not None:
+            doc["costUsd"] = self.cost_usd
         return doc
 
     @classmethod
@@ -127,6 +132,7 @@ class AttemptRecord:
             tokens=doc.get("tokens"),
             started_ms=doc.get("startedMs", 0.0),
             ended_ms=doc.get("endedMs", 0.0),
+            cost_usd=doc.get("costUsd"),
         )
 
 
