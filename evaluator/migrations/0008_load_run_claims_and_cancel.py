@@ -9,7 +9,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('admission', '0006_run_boundary'),
-        ('evaluator', '0006_run_claims_and_workers'),
+        ('evaluator', '0007_usage_hours'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
