@@ -554,7 +554,8 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
                             workspace=workspace, document=document, proposed_by=_operator(request)
                         )
                     except (services.ProfileServiceError, InvalidProfileError) as error:
-                        form.add_error("document", str(error))
+                        for problem in getattr(error, "problems", [error]):
+                            form.add_error("document", str(problem))
                     else:
                         self.log_addition(request, version, [{"added": {}}])
                         self.message_user(

@@ -27,6 +27,7 @@ from admission.admin import (
     json_block,
 )
 from evaluator import cancellation, load_runs, selectors, services
+from evaluator.engine.receipts import pending_slots
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
 from evaluator.load_charts import load_run_bounds, load_run_glance
 from evaluator.models import EvaluationRun, LoadRun, Receipt
@@ -205,13 +206,25 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
             counts = ", ".join(f"{count} {status}" for status, count in progress.outcomes.items())
             parts[0] += f" ({counts})"
         parts.append(f"{len(progress.attempts)} attempts")
-        flight = progress.in_flight
-        if flight is not None:
-            evidence = flight.get("evidence") or {}
+        if progress.refusals:
+            counts = ", ".join(f"{n} {reason}" for reason, n in progress.refusals.items())
+            parts.append(f"admission refusals: {counts}")
+        outage = progress.outage
+        if outage is not None:
             parts.append(
-                f"in flight: {flight['decisionId']} on {flight['adapterId']} "
-                f"#{flight['number']} (admission: {evidence.get('decision', '—')})"
+                f"outage: {outage['decisionsDelayed']} decisions waited "
+                f"{outage['waitedMs'] / 1000:.1f} s for admission, "
+                f"{outage['decisionsUnanswered']} ended unanswered"
             )
+        if progress.in_flight:
+            calls = ", ".join(
+                f"{flight['decisionId']} on {flight['adapterId']} #{flight['number']} "
+                f"(admission: {(flight.get('evidence') or {}).get('decision', '—')})"
+                for flight in progress.in_flight
+            )
+            parts.append(f"{len(progress.in_flight)} in flight: {calls}")
+        if progress.max_in_flight:
+            parts.append(f"at most {progress.max_in_flight} in flight at once")
         return " · ".join(parts)
 
     @admin.display(description="result")
@@ -466,6 +479,7 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         "state",
         "revision",
         "pending_dispatch",
+        "calls_in_flight",
         "updated_at",
     )
     list_filter = ("state", "pending_dispatch")
@@ -480,6 +494,7 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         "state",
         "revision",
         "pending_dispatch",
+        "calls_in_flight",
         "created_at",
         "updated_at",
         "document_pretty",
@@ -491,6 +506,12 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         visible = access.workspaces_for(request.user, access.VIEW).values("key")
         return queryset.filter(workspace_id__in=visible)
 
-    @admin.display(description="receipt v2")
+    @admin.display(description="calls in flight (most at once)")
+    def calls_in_flight(self, obj: Receipt) -> str:
+        most = obj.document.get("maxPendingDispatches")
+        now = len(pending_slots(obj.document))
+        return f"{now} ({most})" if most is not None else str(now)
+
+    @admin.display(description="receipt document")
     def document_pretty(self, obj: Receipt) -> SafeString:
         return _pretty(obj.document)

@@ -339,11 +339,13 @@ class Runner:
             self._execute(run, held, start, _SlotFreeingRegistry(self, registry)), self.loop.loop
         )
         held.future = future
-        future.add_done_callback(lambda _: self._ended(run.pk))
+        future.add_done_callback(lambda _: self._ended(run.pk, held))
 
-    def _ended(self, run_id: uuid.UUID) -> None:
+    def _ended(self, run_id: uuid.UUID, held: _Held) -> None:
         with self._lock:
-            self._held.pop(run_id, None)
+            # A run taken away and claimed again by this process is held anew meanwhile.
+            if self._held.get(run_id) is held:
+                del self._held[run_id]
         self.counters.finished += 1
         self._wake.set()
 

@@ -102,6 +102,17 @@ class InFlightAttemptSerializer(serializers.Serializer):
     evidence = serializers.JSONField(allow_null=True, help_text="Its admission evidence.")
 
 
+class RunOutageSerializer(serializers.Serializer):
+    refusals = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Refusals the outage caused, by reason."
+    )
+    decisionsDelayed = serializers.IntegerField(help_text="Decisions that waited for it.")
+    decisionsUnanswered = serializers.IntegerField(
+        help_text="Decisions whose deadline passed (or that were cancelled) while they waited."
+    )
+    waitedMs = serializers.FloatField(help_text="Time the run's attempts spent waiting.")
+
+
 class RunProgressSerializer(serializers.Serializer):
     decisionsTotal = serializers.IntegerField()
     decisionsDone = serializers.IntegerField(help_text="Decisions that reached an outcome.")
@@ -110,7 +121,20 @@ class RunProgressSerializer(serializers.Serializer):
     )
     attempts = serializers.IntegerField(help_text="Attempts so far (sent or refused).")
     inFlight = InFlightAttemptSerializer(
-        allow_null=True, help_text="The call dispatched and not answered yet, if any."
+        many=True, help_text="Every call dispatched and not answered yet, in ruleset order."
+    )
+    maxInFlight = serializers.IntegerField(
+        help_text="The most calls of this run in flight at once, from its receipt."
+    )
+    refusals = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Admission refusals by reason over every attempt, including refusals by our "
+        "own infrastructure (coordination-unavailable) that an attempt waited through.",
+    )
+    outage = RunOutageSerializer(
+        allow_null=True,
+        help_text="Null unless an outage of the deployment's own infrastructure refused some of "
+        "the run's admissions.",
     )
 
 

@@ -91,6 +91,13 @@ class AttemptRecord:
     # What the call cost as reconciled with admission (the provider's figure, or tokens times
     # the target's price), when known.
     cost_usd: float | None = None
+    # An aborted call that may have reached the provider keeps its permit: why, and until when
+    # (``{"reason", "untilMs"}``, on the run's millisecond scale).
+    permit_held: Mapping[str, Any] | None = None
+    # Refusals caused by our own infrastructure (``coordination-unavailable``) that this
+    # attempt waited through instead of failing: count by reason, and the time spent waiting.
+    infrastructure_refusals: Mapping[str, int] | None = None
+    infrastructure_wait_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -113,6 +120,11 @@ class AttemptRecord:
             doc["tokens"] = self.tokens
         if self.cost_usd is not None:
             doc["costUsd"] = self.cost_usd
+        if self.permit_held is not None:
+            doc["permitHeld"] = dict(self.permit_held)
+        if self.infrastructure_refusals:
+            doc["infrastructureRefusals"] = dict(self.infrastructure_refusals)
+            doc["infrastructureWaitMs"] = self.infrastructure_wait_ms or 0.0
         return doc
 
     @classmethod
@@ -133,6 +145,9 @@ class AttemptRecord:
             started_ms=doc.get("startedMs", 0.0),
             ended_ms=doc.get("endedMs", 0.0),
             cost_usd=doc.get("costUsd"),
+            permit_held=doc.get("permitHeld"),
+            infrastructure_refusals=doc.get("infrastructureRefusals"),
+            infrastructure_wait_ms=doc.get("infrastructureWaitMs"),
         )
 
 

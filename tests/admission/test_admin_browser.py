@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from admission import services
-from admission.models import ProfileChangeRecord, RollbackRequest
+from admission.models import ProfileChangeRecord, ProfileVersion, RollbackRequest
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -172,3 +172,30 @@ def test_change_history_columns_are_readable_at_1280_px(
         expect(cells.locator("td.field-actor")).to_have_text("alex")
         expect(cells.locator("td.field-approved_by")).to_contain_text("alex")
         expect(cells.locator("td.field-short_digest")).to_have_text(re.compile(r"^[0-9a-f]{12}…$"))
+
+
+def test_a_document_with_three_problems_shows_all_three_in_the_form(
+    live_server, chromium_path, workspace, proposer, make_document
+):
+    document = make_document("v9")
+    document["workspace"]["concurrency"] = 0
+    document["providers"]["jev"]["maxQueueWaitMs"] = -1
+    document["notes"] = "a key the profile does not have"
+    with chromium(chromium_path) as browser:
+        pat = Operator(browser, live_server.url, "pat")
+        page = pat.page
+        page.goto("/admin/admission/profileversion/add/")
+        page.select_option("#id_workspace", label="acme")
+        page.fill("#id_document", json.dumps(document, indent=2))
+        page.click("input[name=_propose]")
+        errors = page.locator(".field-document ul.errorlist li")
+        expect(errors).to_have_text(
+            [
+                "notes: unknown key",
+                "workspace.concurrency: must be at least 1, got 0",
+                "providers.jev.maxQueueWaitMs: must not be negative, got -1",
+            ]
+        )
+        # The document stays in the form to be fixed.
+        assert json.loads(page.input_value("#id_document")) == document
+    assert not ProfileVersion.objects.exists()
