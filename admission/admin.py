@@ -52,6 +52,7 @@ from admission.models import (
 )
 from admission.profile_diff import LimitRow, limits_diff
 from evaluator import selectors as evaluator_selectors
+from evaluator.load_charts import load_run_bounds, load_run_glance
 from evaluator.models import LoadRun
 from evaluator.services import RunServiceError, load_run_submit
 
@@ -163,8 +164,8 @@ class WorkspaceScopedAdminMixin:
         return _may_anywhere(request, access.ACTIVATE)
 
     def has_what_if_permission(self, request: HttpRequest) -> bool:
-        # A what-if run is a load run: the act that starts one starts the other.
-        return _may_anywhere(request, access.RUN_LOAD)
+        # A what-if run qualifies a proposal: whoever may propose may ask for one.
+        return _may_anywhere(request, access.PROPOSE)
 
 
 def _may_anywhere(request: HttpRequest, act: str) -> bool:
@@ -357,8 +358,17 @@ def limits_table_html(base: ProfileVersion | None, rows: list[LimitRow]) -> Safe
 
 
 def what_if_html(version: ProfileVersion, runs: list[LoadRun]) -> SafeString:
+    """The version's latest what-if runs: each verdict per bound, figures rounded for reading,
+    and the newest completed run's charts beside the numbers they illustrate."""
+    shown = []
+    plotted = False
+    for run in runs:
+        glance = []
+        if not plotted and run.status == LoadRun.Status.COMPLETED:
+            glance, plotted = load_run_glance(run.record, run.timeline), True
+        shown.append({"run": run, "bounds": load_run_bounds(run.record), "glance": glance})
     return render_to_string(
-        "admin/admission/includes/what_if_runs.html", {"version": version, "runs": runs}
+        "admin/admission/includes/what_if_runs.html", {"version": version, "runs": shown}
     )
 
 
