@@ -254,3 +254,54 @@ def test_the_admin_guides_the_proposer_and_the_approver(
         expect(page.locator("#version-rollout")).to_be_visible()
         page.click("#version-activate_selected")
         expect(alex.messages()).to_contain_text("Activated acme:v2 (change).")
+
+
+def test_the_structured_editor_and_the_json_write_the_same_document(
+    live_server, chromium_path, workspace, proposer, approver, approved, make_document
+):
+    services.profile_version_activate(version=approved("v1"), actor=approver)
+    with chromium(chromium_path) as browser:
+        pat = Operator(browser, live_server.url, "pat")
+        page = pat.page
+        page.goto("/admin/admission/profileversion/add/")
+        page.select_option("#id_workspace", label="acme")
+        editor = page.locator("#limits-editor")
+        expect(editor).to_be_visible()
+        document = make_document("v2")
+        page.fill("#id_document", json.dumps(document, indent=2))
+        page.dispatch_event("#id_document", "input")
+        rows = editor.locator("tbody tr")
+        expect(rows).to_have_count(1 + len(document["providers"]))
+        workspace_row = editor.locator("tr[data-scope=workspace]")
+        concurrency = workspace_row.locator("input[data-key=concurrency]")
+        expect(concurrency).to_have_value(str(document["workspace"]["concurrency"]))
+
+        # The fields write the JSON ...
+        concurrency.fill("7")
+        jev = editor.locator("tr[data-scope='providers.jev']")
+        jev.locator("input[data-key=maxQueueWaitMs]").fill("")
+        jev.locator("input[data-key=requestsPerMinute]").fill("1200")
+        written = json.loads(page.input_value("#id_document"))
+        expected = make_document("v2")
+        expected["workspace"]["concurrency"] = 7
+        expected["providers"]["jev"].pop("maxQueueWaitMs", None)
+        expected["providers"]["jev"]["requestsPerMinute"] = 1200
+        assert written == expected
+        # ... and the JSON fills the fields.
+        expected["workspace"]["maxQueueLength"] = 33
+        page.fill("#id_document", json.dumps(expected, indent=2))
+        page.dispatch_event("#id_document", "input")
+        expect(workspace_row.locator("input[data-key=maxQueueLength]")).to_have_value("33")
+        page.fill("#id_document", "{ not json")
+        page.dispatch_event("#id_document", "input")
+        expect(editor.locator(".limits-editor-status")).to_contain_text("does not parse")
+        page.fill("#id_document", json.dumps(expected, indent=2))
+        page.dispatch_event("#id_document", "input")
+
+        # The diff preview stays, and what is proposed is the document both wrote.
+        page.click("input[name=_preview]")
+        expect(page.locator("pre.profile-diff")).to_contain_text('"concurrency": 7')
+        expect(editor).to_be_visible()
+        page.click("input[name=_propose]")
+        expect(pat.messages()).to_contain_text("Proposed acme:v2")
+    assert ProfileVersion.objects.get(profile_version="v2").document == expected
