@@ -39,7 +39,7 @@ def load_run_list(*, workspace: Workspace) -> QuerySet[LoadRun]:
     """A workspace's load runs, newest first."""
     return (
         LoadRun.objects.filter(workspace=workspace)
-        .select_related("workspace", "submitted_by", "what_if_version")
+        .select_related("workspace", "submitted_by", "what_if_version", "cancel_requested_by")
         .order_by("-created_at", "-id")
     )
 
@@ -56,7 +56,7 @@ def what_if_run_list(*, version: ProfileVersion) -> QuerySet[LoadRun]:
     """The what-if runs of one profile version, newest first."""
     return (
         LoadRun.objects.filter(what_if_version=version)
-        .select_related("workspace", "submitted_by", "what_if_version")
+        .select_related("workspace", "submitted_by", "what_if_version", "cancel_requested_by")
         .order_by("-created_at", "-id")
     )
 
