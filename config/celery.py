@@ -69,7 +69,7 @@ def _stop_listener(**_: Any) -> None:
 @worker_ready.connect
 def _start_runner(**_: Any) -> None:
     # The worker's own process claims and runs evaluations (evaluator/worker/runner.py); the thread
-    # pool only carries doorbells and load runs into it.
+    # pool only carries doorbells into it.
     from evaluator.worker.dispatch import WorkerRefused
     from evaluator.worker.runner import start_runner
 

@@ -28,6 +28,7 @@ from admission.models import (
     RollbackRequest,
     Workspace,
 )
+from admission.profile_problems import InvalidProfileDocument, profile_problems
 from admission.runtime import registry as runtime
 
 if TYPE_CHECKING:
@@ -146,14 +147,20 @@ class ProfilePendingLimit(ProfileServiceError):
 
 
 def profile_document_check(workspace: Workspace, document: Any) -> Profile:
-    """Parse `document` with the core for `workspace`; raises `InvalidProfileError`.
+    """Parse `document` with the core for `workspace`; raises `InvalidProfileError` (an
+    `InvalidProfileDocument` listing every problem of the document when the core refuses it).
 
     The deployment's caps come first, so an oversized document is refused before it is parsed:
     at most `SLUICE_MAX_PROFILE_BYTES` as compact JSON, at most `SLUICE_MAX_PROFILE_PRINCIPALS`
     principals.
     """
     _check_document_size(document)
-    profile = Profile.from_dict(document, workspace_id=workspace.key)
+    try:
+        profile = Profile.from_dict(document, workspace_id=workspace.key)
+    except InvalidProfileError:
+        # Every problem at once, so the author fixes the document in one go.
+        problems = profile_problems(document, workspace_id=workspace.key)
+        raise InvalidProfileDocument(problems) from None
     _refuse_nul(document, "")
     if len(profile.profile_version) > LABEL_MAX_LENGTH:
         raise InvalidProfileError(
