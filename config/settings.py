@@ -311,7 +311,7 @@ SLUICE_WORKER_DRAIN_SECONDS = _seconds("SLUICE_WORKER_DRAIN_SECONDS", 8.0)
 # Tests only: while this file exists, a committed run's doorbell waits (evaluator/services/runs.py).
 SLUICE_TEST_HOLD_PUBLISH = env_str("SLUICE_TEST_HOLD_PUBLISH", "")
 # Tests only: while this file exists, a running load run holds still after its first progress
-# report (evaluator/load_runs.py), so a test can kill or cancel it mid-run.
+# report (evaluator/services/load_runs.py), so a test can kill or cancel it mid-run.
 SLUICE_TEST_HOLD_LOAD_RUN = env_str("SLUICE_TEST_HOLD_LOAD_RUN", "")
 if SLUICE_RUN_STALE_SECONDS < 3 * SLUICE_RUN_HEARTBEAT_SECONDS:
     raise SettingsError(

@@ -193,8 +193,8 @@ class LoadRun(WorkerRun):
     timeline = models.JSONField(null=True, blank=True)
     # How far the harness got (0 to 1) while it runs, written by the process running it.
     progress = models.FloatField(null=True, blank=True)
-    # Who runs it now, as for evaluation runs (evaluator/load_dispatch.py): the claimant, a fresh
-    # token per claim that every later write must match, and the claimant's last heartbeat.
+    # Who runs it now, as for evaluation runs (evaluator/worker/load_dispatch.py): the claimant, a
+    # fresh token per claim that every later write must match, and the claimant's last heartbeat.
     claimed_by = models.CharField(max_length=160, blank=True)
     claim = models.UUIDField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)

@@ -3,7 +3,7 @@
 `run_evaluation` is a doorbell: the run's state is its database row, and the message only tells
 this worker process's runner (evaluator/worker/runner.py) to look at the backlog now. It stores no
 result and is acknowledged at once; a lost doorbell costs one poll interval, never the run.
-Load runs are queued and claimed the same way (evaluator/load_dispatch.py).
+Load runs are queued and claimed the same way (evaluator/worker/load_dispatch.py).
 """
 
 from __future__ import annotations

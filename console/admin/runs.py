@@ -28,10 +28,10 @@ from console.admin.profiles import (
 )
 from console.charts.load_runs import load_run_bounds, load_run_glance
 from console.forms.runs import EvaluationSubmitForm, LoadRunStartForm
-from evaluator import load_runs, selectors
+from evaluator import selectors
 from evaluator.engine.receipts import pending_slots
 from evaluator.models import EvaluationRun, LoadRun, Receipt
-from evaluator.services import cancellation
+from evaluator.services import cancellation, load_runs
 from evaluator.services import runs as services
 
 

@@ -5,7 +5,7 @@ Submitting validates everything a request can get wrong before a row exists and 
 evaluator/worker/runner.py and evaluator/worker/dispatch.py). When the transaction commits a
 doorbell message is published so a worker looks at once; if the broker does not take it, the run is
 still queued and a worker's next poll finds it. Load runs travel the same way
-(evaluator/load_dispatch.py).
+(evaluator/worker/load_dispatch.py).
 """
 
 from __future__ import annotations
@@ -403,7 +403,7 @@ def load_run_submit(
 
     With `what_if_version` it is a what-if run: the manifest's arrivals under that version's
     limits, ids mapped as `mapping` asks (evaluator/qualification.py). The row is the queue
-    entry: a worker claims it fairly across workspaces (evaluator/load_dispatch.py), and the
+    entry: a worker claims it fairly across workspaces (evaluator/worker/load_dispatch.py), and the
     doorbell published at commit only makes one look sooner. Every interface (API, admin,
     shell) submits here, so all go through the same backlog cap and the same fair dispatch.
     Raises `LoadRunNotAllowed`, `LoadRunBacklogFull` or `InvalidRunRequest` (field `manifest`,
@@ -449,8 +449,8 @@ def load_run_submit(
 
 def load_run_execute(run_id: str | uuid.UUID, *, wait_seconds: float = 0.0) -> LoadRun | None:
     """Run a queued load run in this process when it is its turn (the shell's way, see
-    `evaluator.load_runs.load_run_run_here`)."""
-    from evaluator.load_runs import load_run_run_here
+    `evaluator.services.load_runs.load_run_run_here`)."""
+    from evaluator.services.load_runs import load_run_run_here
 
     return load_run_run_here(run_id, wait_seconds=wait_seconds)
 

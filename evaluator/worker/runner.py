@@ -13,7 +13,7 @@ admission registry. The dispatcher
   web server publishes when a run is committed) or a run of its own ends, and otherwise every
   `SLUICE_DISPATCH_POLL_SECONDS` (2 s): a run whose doorbell was lost (a broker restart, a web
   server killed between commit and publish) is claimed at the next poll all the same;
-- claims queued load runs the same way (`evaluator.load_dispatch`), up to
+- claims queued load runs the same way (`evaluator.worker.load_dispatch`), up to
   `SLUICE_WORKER_LOAD_SLOTS` (2) at once, each run by a thread of its own;
 - writes heartbeats for its runs every `SLUICE_RUN_HEARTBEAT_SECONDS` (5 s), and sweeps: a
   `running` run whose claimant stopped heartbeating for `SLUICE_RUN_STALE_SECONDS` (30 s), or
@@ -47,12 +47,11 @@ from django.db import DatabaseError, close_old_connections, connections
 from admission.core import AdmissionRegistry
 from admission.runtime import live, refresh
 from admission.runtime import registry as runtime
-from evaluator import load_dispatch
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
-from evaluator.load_runs import load_run_execute_claimed
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.services import runs as services
-from evaluator.worker import dispatch
+from evaluator.services.load_runs import load_run_execute_claimed
+from evaluator.worker import dispatch, load_dispatch
 from evaluator.worker.loop import evaluation_loop
 from evaluator.worker.receipts_db import DatabaseReceiptStore, in_database_thread
 

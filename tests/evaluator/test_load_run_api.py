@@ -15,8 +15,8 @@ from rest_framework.test import APIClient
 from admission.models import Workspace
 from admission.runtime import registry as runtime
 from config.demo import demo_setup
-from evaluator import load_dispatch
 from evaluator.models import LoadRun
+from evaluator.worker import load_dispatch
 
 pytestmark = pytest.mark.django_db
 

@@ -32,9 +32,9 @@ from console.api.evaluator.serializers import (
 )
 from console.api.pagination import CheckedCursorPagination
 from console.api.parsers import BoundedJSONParser
-from evaluator import load_runs, selectors
+from evaluator import selectors
 from evaluator.models import EvaluationRun, LoadRun
-from evaluator.services import cancellation
+from evaluator.services import cancellation, load_runs
 from evaluator.services import runs as services
 
 WORKSPACE_KEY = OpenApiParameter(

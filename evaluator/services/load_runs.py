@@ -26,9 +26,9 @@ from admission import access
 from evaluator import qualification
 from evaluator.deployment import AdapterConfigError
 from evaluator.harness.errors import LoadHarnessError
-from evaluator.load_dispatch import load_run_claim_one, load_run_give_back
 from evaluator.models import LoadRun
 from evaluator.services.cancellation import RunAlreadyFinished, RunCancelNotAllowed
+from evaluator.worker.load_dispatch import load_run_claim_one, load_run_give_back
 
 __all__ = [
     "LoadRunStopped",
