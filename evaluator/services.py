@@ -24,13 +24,12 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
-from django.utils import timezone
 
 from admission import access, rollout, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
-from evaluator import qualification, usage
+from evaluator import qualification, server_clock, usage
 from evaluator.cancel_watch import run_cancel_signal
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError
@@ -228,7 +227,7 @@ def _resubmit(run: EvaluationRun, principal_id: str, document: Any) -> Evaluatio
             error=None,
             finished_at=None,
             task_id=str(uuid.uuid4()),
-            updated_at=timezone.now(),
+            updated_at=server_clock.now(),
         )
         run.refresh_from_db()
         if updated:
@@ -524,7 +523,7 @@ def _claim(model: type[RunT], run_id: str | uuid.UUID) -> RunT | None:
         run.status = model.Status.RUNNING
         run.deliveries += 1
         if run.started_at is None:
-            run.started_at = timezone.now()
+            run.started_at = server_clock.now()
         run.save(update_fields=["status", "deliveries", "started_at", "updated_at"])
     if run.deliveries > 1:
         logger.warning("%s delivered again (delivery %d); resuming", run, run.deliveries)
@@ -561,7 +560,7 @@ def _finish(run: RunT, *, status: str, claim: uuid.UUID | None = None, **values:
             logger.warning("%s is no longer held by this claim; not writing its outcome", run)
             return locked
         locked.status = status
-        locked.finished_at = timezone.now()
+        locked.finished_at = server_clock.now()
         for name, value in values.items():
             setattr(locked, name, value)
         locked.save()
