@@ -54,8 +54,14 @@ from admission.models import (
 )
 from admission.profile_diff import LimitRow, limit_rows, limits_diff, zero_limit_count
 from evaluator import selectors as evaluator_selectors
+from evaluator.load_charts import load_run_bounds, load_run_glance
 from evaluator.models import LoadRun
 from evaluator.services import RunServiceError, load_run_submit
+
+# The site's own name on every admin page (and the browser tab), not Django's.
+admin.site.site_header = "Sluice"
+admin.site.site_title = "Sluice"
+admin.site.index_title = "Operations"
 
 
 def _operator(request: HttpRequest) -> Any:
@@ -198,8 +204,8 @@ class WorkspaceScopedAdminMixin:
         return _may_anywhere(request, access.ACTIVATE)
 
     def has_what_if_permission(self, request: HttpRequest) -> bool:
-        # A what-if run is a load run: the act that starts one starts the other.
-        return _may_anywhere(request, access.RUN_LOAD)
+        # A what-if run qualifies a proposal: whoever may propose may ask for one.
+        return _may_anywhere(request, access.PROPOSE)
 
 
 def _may_anywhere(request: HttpRequest, act: str) -> bool:
@@ -207,6 +213,35 @@ def _may_anywhere(request: HttpRequest, act: str) -> bool:
 
 
 WORKSPACE_FILTER = ("workspace", admin.RelatedOnlyFieldListFilter)
+
+
+class VersionStatusFilter(admin.SimpleListFilter):
+    """Versions by their one-word state (`selectors.version_status`)."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in selectors.VERSION_STATUSES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return selectors.profile_versions_in_status(queryset, value) if value else queryset
+
+
+class WaitingForMeFilter(admin.SimpleListFilter):
+    """The inbox: proposed versions the signed-in user may approve and did not propose."""
+
+    title = "waiting for my decision"
+    parameter_name = "inbox"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("me", "waiting for my decision")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() != "me":
+            return queryset
+        return selectors.profile_versions_awaiting(queryset, user=request.user)
 
 
 def _run_per_object(
@@ -231,7 +266,8 @@ def _run_per_object(
             # Most refusals name the object already; say which one only when they do not.
             if str(obj) not in message:
                 message = f"{obj}: {message}"
-            model_admin.message_user(request, message, messages.ERROR)
+            # A word first: the admin capitalises a message's first letter, not a key's.
+            model_admin.message_user(request, f"Refused: {message}", messages.ERROR)
         else:
             model_admin.message_user(request, done, messages.SUCCESS)
 
@@ -272,6 +308,27 @@ def _form_action(
         **(extra or {}),
     }
     return TemplateResponse(request, template, context)
+
+
+def _not_your_own(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    author_field: str,
+    what: str,
+) -> QuerySet[Any]:
+    """The objects the signed-in user may decide: each one they wrote themselves is refused at
+    once, with the reason, before any checklist is shown (four-eyes rule)."""
+    operator = _operator(request)
+    own = [obj for obj in queryset if getattr(obj, f"{author_field}_id") == operator.pk]
+    for obj in own:
+        model_admin.message_user(
+            request,
+            f"Not offered: you {what} {obj}, so a second person must decide it "
+            f"(four-eyes rule of {RUNBOOK_ID}).",
+            messages.ERROR,
+        )
+    return queryset.exclude(pk__in=[obj.pk for obj in own]) if own else queryset
 
 
 def _decision_action(
@@ -368,8 +425,17 @@ def review_limits_html(review: VersionReview) -> SafeString:
 
 
 def what_if_html(version: ProfileVersion, runs: list[LoadRun]) -> SafeString:
+    """The version's latest what-if runs: each verdict per bound, figures rounded for reading,
+    and the newest completed run's charts beside the numbers they illustrate."""
+    shown = []
+    plotted = False
+    for run in runs:
+        glance = []
+        if not plotted and run.status == LoadRun.Status.COMPLETED:
+            glance, plotted = load_run_glance(run.record, run.timeline), True
+        shown.append({"run": run, "bounds": load_run_bounds(run.record), "glance": glance})
     return render_to_string(
-        "admin/admission/includes/what_if_runs.html", {"version": version, "runs": runs}
+        "admin/admission/includes/what_if_runs.html", {"version": version, "runs": shown}
     )
 
 
@@ -487,7 +553,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         "created_at",
         "short_profile_digest",
     )
-    list_filter = (WORKSPACE_FILTER, "created_at")
+    list_filter = (WaitingForMeFilter, VersionStatusFilter, WORKSPACE_FILTER, "created_at")
     search_fields = ("profile_version", "workspace__key")
     readonly_fields = (
         "workspace",
@@ -516,6 +582,8 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
 
     class Media:
         css = {"all": ("admission/review.css",)}
+
+    change_form_template = "admin/admission/profileversion/change_form.html"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProfileVersion]:
         return self.scope(selectors.profile_version_queryset(), request)
@@ -574,6 +642,47 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
             "everything": everything,
         }
         return TemplateResponse(request, "admin/admission/profileversion/limits.html", context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        version = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if version is not None:
+            extra["version_actions"], extra["version_notes"] = self._page_actions(request, version)
+            extra["version_rollout"] = selectors.version_status(
+                version
+            ) == "approved" and access.can(request.user, access.OPERATE, version.workspace)
+        return super().change_view(request, object_id, form_url, extra)
+
+    def _page_actions(
+        self, request: HttpRequest, version: ProfileVersion
+    ) -> tuple[list[tuple[str, str]], list[str]]:
+        """The decisions and steps the signed-in user may take on this version now, as
+        (action, label), and notes on the ones they may not take."""
+        user, workspace = request.user, version.workspace
+        state = selectors.version_status(version)
+        offered: list[tuple[str, str]] = []
+        notes: list[str] = []
+        if state == "proposed" and access.can(user, access.APPROVE, workspace):
+            if version.proposed_by_id == _operator(request).pk:
+                notes.append(
+                    "You proposed this version: a second person approves or rejects it "
+                    f"(four-eyes rule of {RUNBOOK_ID})."
+                )
+            else:
+                offered += [("approve_selected", "Approve…"), ("reject_selected", "Reject…")]
+        if state == "approved" and access.can(user, access.ACTIVATE, workspace):
+            offered.append(("activate_selected", "Activate"))
+        if state == "superseded" and access.can(user, access.ACTIVATE, workspace):
+            offered.append(("request_rollback", "Request a rollback to it…"))
+        if access.can(user, access.RUN_LOAD, workspace):
+            offered.append(("run_what_if", "Run a what-if…"))
+        return offered, notes
 
     @admin.display(description="status")
     def status(self, obj: ProfileVersion) -> str:
@@ -722,6 +831,9 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
             )
             return f"Rejected {version}."
 
+        queryset = _not_your_own(self, request, queryset, "proposed_by", "proposed")
+        if not queryset.exists():
+            return None
         selected = queryset.count()
         if selected > DECISION_MAX_VERSIONS:
             # Each version is reviewed on the page: a bounded number keeps it quick to read.
@@ -885,6 +997,9 @@ class RollbackRequestAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.
             )
             return f"Rejected the rollback of {rollback.workspace}."
 
+        queryset = _not_your_own(self, request, queryset, "requested_by", "requested")
+        if not queryset.exists():
+            return None
         title = f"{decision.capitalize()} rollback requests"
         return _decision_action(
             self,

@@ -274,7 +274,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
-# A worker is one process: Celery's thread pool takes the doorbells (and load runs), and one
+# A worker is one process: Celery's thread pool takes the doorbells, and one
 # event loop in that process runs its evaluations (evaluator/runner.py, docs/running.md).
 CELERY_WORKER_POOL = "threads"
 
@@ -286,6 +286,12 @@ SLUICE_WORKER_SLOTS = env_int("SLUICE_WORKER_SLOTS", 64, minimum=1)
 SLUICE_WORKER_DB_THREADS = env_int("SLUICE_WORKER_DB_THREADS", 8, minimum=1)
 # Evaluations of one workspace running at once across the whole deployment:
 SLUICE_WORKSPACE_RUNS_IN_FLIGHT = env_int("SLUICE_WORKSPACE_RUNS_IN_FLIGHT", 16, minimum=1)
+# Load runs (and what-if runs) one worker process runs at once, each in a thread of its own:
+SLUICE_WORKER_LOAD_SLOTS = env_int("SLUICE_WORKER_LOAD_SLOTS", 2, minimum=1)
+# Load runs of one workspace running at once across the whole deployment, and how many may
+# wait queued (more are refused, whichever interface submits them):
+SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT = env_int("SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT", 1, minimum=1)
+SLUICE_WORKSPACE_LOAD_RUNS_QUEUED = env_int("SLUICE_WORKSPACE_LOAD_RUNS_QUEUED", 50, minimum=1)
 
 
 def _seconds(name: str, default: float, *, minimum: float = 0.0, exclusive: bool = False) -> float:
@@ -303,6 +309,9 @@ SLUICE_RUN_STALE_SECONDS = _seconds("SLUICE_RUN_STALE_SECONDS", 30.0, minimum=1.
 SLUICE_WORKER_DRAIN_SECONDS = _seconds("SLUICE_WORKER_DRAIN_SECONDS", 8.0)
 # Tests only: while this file exists, a committed run's doorbell waits (evaluator/services.py).
 SLUICE_TEST_HOLD_PUBLISH = env_str("SLUICE_TEST_HOLD_PUBLISH", "")
+# Tests only: while this file exists, a running load run holds still after its first progress
+# report (evaluator/load_runs.py), so a test can kill or cancel it mid-run.
+SLUICE_TEST_HOLD_LOAD_RUN = env_str("SLUICE_TEST_HOLD_LOAD_RUN", "")
 if SLUICE_RUN_STALE_SECONDS < 3 * SLUICE_RUN_HEARTBEAT_SECONDS:
     raise SettingsError(
         "SLUICE_RUN_STALE_SECONDS must be at least three SLUICE_RUN_HEARTBEAT_SECONDS"

@@ -13,8 +13,10 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     path("runbooks/", include("admission.urls")),
-    path("api/", include("admission.api.urls")),
+    # The evaluator's routes first: its what-if route lies under a profile's, whose label may
+    # hold "/" and would otherwise swallow it.
     path("api/", include("evaluator.api.urls")),
+    path("api/", include("admission.api.urls")),
     path("api/auth/token/", TokenIssueView.as_view(), name="api-token"),
     path("api/schemas/profile.json", ProfileSchemaView.as_view(), name="profile-schema"),
     path("api/schemas/evaluation.json", EvaluationSchemaView.as_view(), name="evaluation-schema"),

@@ -36,6 +36,7 @@ from evaluator.models import EvaluationRun, WorkerProcess
 
 __all__ = [
     "WorkerRefused",
+    "gone_workers",
     "process_start_ticks",
     "run_release",
     "runs_claim",
@@ -228,6 +229,15 @@ def run_release(run_id: uuid.UUID, token: uuid.UUID) -> bool:
     return updated == 1
 
 
+def gone_workers() -> list[str]:
+    """Mark stopped every live-looking worker of this host whose process no longer exists;
+    returns their ids."""
+    gone = [w.id for w in WorkerProcess.objects.filter(stopped_at__isnull=True) if _gone(w)]
+    if gone:
+        WorkerProcess.objects.filter(pk__in=gone).update(stopped_at=timezone.now())
+    return gone
+
+
 def runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
     """Give back every run whose claimant is gone; returns their ids.
 
@@ -238,9 +248,7 @@ def runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
     """
     now = timezone.now()
     stale = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
-    gone = [w.id for w in WorkerProcess.objects.filter(stopped_at__isnull=True) if _gone(w)]
-    if gone:
-        WorkerProcess.objects.filter(pk__in=gone).update(stopped_at=now)
+    gone = gone_workers()
     lost = Q(claimed_by__in=gone)
     if trust_heartbeats:
         lost |= Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, updated_at__lt=stale)

@@ -19,7 +19,7 @@ from django.db import IntegrityError, InterfaceError, OperationalError, connecti
 from django.utils import timezone
 
 from evaluator.engine.errors import ReceiptConflictError
-from evaluator.engine.receipts import RUNNING, ReceiptKey
+from evaluator.engine.receipts import RUNNING, ReceiptKey, pending_slots
 from evaluator.models import Receipt
 
 __all__ = ["DatabaseReceiptStore", "in_database_thread"]
@@ -105,7 +105,7 @@ class DatabaseReceiptStore:
                     ruleset_digest=document["rulesetDigest"],
                     state=document["state"],
                     revision=document["revision"],
-                    pending_dispatch=document["pendingDispatch"] is not None,
+                    pending_dispatch=bool(pending_slots(document)),
                     document=document,
                 )
         except IntegrityError:
@@ -120,9 +120,10 @@ class DatabaseReceiptStore:
             revision=expected_revision,
             state=RUNNING,
         ).update(
+            schema=document["schema"],
             state=document["state"],
             revision=document["revision"],
-            pending_dispatch=document["pendingDispatch"] is not None,
+            pending_dispatch=bool(pending_slots(document)),
             document=document,
             updated_at=timezone.now(),
         )

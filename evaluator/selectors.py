@@ -10,6 +10,7 @@ from typing import Any
 from django.db.models import QuerySet
 
 from admission.models import ProfileVersion, Workspace
+from evaluator.engine.receipts import pending_slots
 from evaluator.models import EvaluationRun, LoadRun, Receipt
 
 
@@ -38,7 +39,7 @@ def load_run_list(*, workspace: Workspace) -> QuerySet[LoadRun]:
     """A workspace's load runs, newest first."""
     return (
         LoadRun.objects.filter(workspace=workspace)
-        .select_related("workspace", "submitted_by", "what_if_version")
+        .select_related("workspace", "submitted_by", "what_if_version", "cancel_requested_by")
         .order_by("-created_at", "-id")
     )
 
@@ -55,7 +56,7 @@ def what_if_run_list(*, version: ProfileVersion) -> QuerySet[LoadRun]:
     """The what-if runs of one profile version, newest first."""
     return (
         LoadRun.objects.filter(what_if_version=version)
-        .select_related("workspace", "submitted_by", "what_if_version")
+        .select_related("workspace", "submitted_by", "what_if_version", "cancel_requested_by")
         .order_by("-created_at", "-id")
     )
 
@@ -88,14 +89,15 @@ def run_admissions_since(
 @dataclass(frozen=True, slots=True)
 class RunProgress:
     """How far an evaluation run got: decisions done of the total, each done decision's status,
-    every attempt so far with its admission evidence (``decisionId`` added), and the attempt
-    dispatched and not yet answered, if any."""
+    every attempt so far with its admission evidence (``decisionId`` added), every call
+    dispatched and not answered yet, and the most calls the run's receipt ever had in flight."""
 
     decisions_total: int
     decisions_done: int
     outcomes: dict[str, int]
     attempts: list[dict[str, Any]]
-    in_flight: dict[str, Any] | None
+    in_flight: list[dict[str, Any]]
+    max_in_flight: int = 0
 
     @property
     def refusals(self) -> dict[str, int]:
@@ -147,6 +149,7 @@ class RunProgress:
             "outcomes": self.outcomes,
             "attempts": len(self.attempts),
             "inFlight": self.in_flight,
+            "maxInFlight": self.max_in_flight,
             "refusals": self.refusals,
             "outage": self.outage,
         }
@@ -157,42 +160,50 @@ def evaluation_run_progress(run: EvaluationRun) -> RunProgress:
     worker writes at every dispatch and every attempt (so it moves while the run runs)."""
     if run.result is not None:
         decisions = run.result.get("decisions") or []
-        return _progress(run.decision_count, decisions, list(run.attempts or []), None)
-    receipt = (
-        Receipt.objects.filter(
-            workspace_id=run.workspace.key,
-            invocation_id=run.invocation_id,
-            principal_id=run.principal_id,
+        most = _receipt_of(run).values_list("document__maxPendingDispatches", flat=True).first()
+        return _progress(
+            run.decision_count, decisions, list(run.attempts or []), [], int(most or 0)
         )
-        .only("document")
-        .first()
-    )
+    receipt = _receipt_of(run).only("document").first()
     if receipt is None:
-        return RunProgress(run.decision_count, 0, {}, [], None)
+        return RunProgress(run.decision_count, 0, {}, [], [])
     entries = receipt.document.get("decisions") or []
     attempts = [
         {"decisionId": entry["decisionId"], **attempt}
         for entry in entries
         for attempt in entry.get("attempts") or ()
     ]
-    in_flight = None
-    slot = receipt.document.get("pendingDispatch")
-    if slot is not None and 0 <= slot.get("decisionIndex", -1) < len(entries):
-        in_flight = {
-            "decisionId": entries[slot["decisionIndex"]]["decisionId"],
+    # Every call sent and not answered yet, in ruleset order.
+    in_flight = [
+        {
+            "decisionId": slot.get("decisionId"),
             "adapterId": slot.get("adapterId"),
             "model": slot.get("model"),
             "number": slot.get("number"),
             "evidence": slot.get("evidence"),
         }
-    return _progress(run.decision_count, entries, attempts, in_flight)
+        for slot in sorted(
+            pending_slots(receipt.document), key=lambda slot: slot.get("decisionIndex", 0)
+        )
+    ]
+    maximum = int(receipt.document.get("maxPendingDispatches") or (1 if in_flight else 0))
+    return _progress(run.decision_count, entries, attempts, in_flight, maximum)
+
+
+def _receipt_of(run: EvaluationRun) -> QuerySet[Receipt]:
+    return Receipt.objects.filter(
+        workspace_id=run.workspace.key,
+        invocation_id=run.invocation_id,
+        principal_id=run.principal_id,
+    )
 
 
 def _progress(
     total: int,
     decisions: list[dict[str, Any]],
     attempts: list[dict[str, Any]],
-    in_flight: dict[str, Any] | None,
+    in_flight: list[dict[str, Any]],
+    max_in_flight: int,
 ) -> RunProgress:
     outcomes: dict[str, int] = {}
     for decision in decisions:
@@ -201,5 +212,10 @@ def _progress(
             outcomes[status] = outcomes.get(status, 0) + 1
     done = sum(outcomes.values())
     return RunProgress(
-        total or len(decisions), done, dict(sorted(outcomes.items())), attempts, in_flight
+        total or len(decisions),
+        done,
+        dict(sorted(outcomes.items())),
+        attempts,
+        in_flight,
+        max_in_flight,
     )

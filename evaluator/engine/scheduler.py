@@ -53,16 +53,14 @@ PROMPT_TOO_LARGE = "prompt-too-large"
 INLINE_RENDER_CHARS = 65_536
 
 
-def scheduler_ceiling(
-    request: DecisionEvaluationRequest, profile: Profile, *, receipt_backed: bool
-) -> int:
+def scheduler_ceiling(request: DecisionEvaluationRequest, profile: Profile) -> int:
     """How many decisions may hold a scheduler permit at once.
 
-    1 when the scheduler is disabled or receipts back the run (receipt v2 has one
-    pending-dispatch slot); otherwise the smallest positive ceiling of binding, caller, graph,
-    the principal's, the workspace's and every provider's limits that the ruleset targets.
+    1 when the scheduler is disabled; otherwise the smallest positive ceiling of binding, caller,
+    graph, the principal's, the workspace's and every provider's limits that the ruleset
+    targets. Receipt-backed runs are no exception: receipt v3 holds a slot per call in flight.
     """
-    if not request.scheduler.enabled or receipt_backed:
+    if not request.scheduler.enabled:
         return 1
     ceilings = [
         request.scheduler.binding_concurrency,
@@ -111,7 +109,7 @@ async def evaluate_decision_ruleset(
     with ``AdmissionRegistry(clock=loop.clock)`` in tests and the harness). ``adapters`` maps
     every adapter id the ruleset names to an adapter; the adapter id is also the admission
     provider id. With ``receipt_store`` the run is durable and resumable under the request's
-    ``invocation_id``, at concurrency 1. ``estimate(decision, target, prompt)`` overrides the
+    ``invocation_id``, at the same ceiling. ``estimate(decision, target, prompt)`` overrides the
     default admission estimate. A decision whose rendered prompt would exceed
     ``max_prompt_chars`` is never rendered: each of its targets records an unsent
     ``estimate-failed`` attempt with the reason ``prompt-too-large``. Raises
@@ -122,9 +120,7 @@ async def evaluate_decision_ruleset(
         raise InvalidDefinitionError("request", "must be a DecisionEvaluationRequest")
     _check_adapters(request, adapters)
     controller = _controller_for(request, registry)
-    ceiling = scheduler_ceiling(
-        request, controller.profile, receipt_backed=receipt_store is not None
-    )
+    ceiling = scheduler_ceiling(request, controller.profile)
     journal = None
     if receipt_store is not None:
         journal = await ReceiptJournal.open(
@@ -261,8 +257,8 @@ class _Run:
             shadow=shadow,
         )
         self.ceiling = ceiling
-        # Serial and receipt-backed runs keep their single permit through a backoff.
-        self.keep_permit = not request.scheduler.enabled or journal is not None
+        # Serial runs keep their single permit through a backoff.
+        self.keep_permit = not request.scheduler.enabled
         self.permits: FairPermits[int] = FairPermits(ceiling, self._start)
         self.outcomes: list[DecisionOutcome | None] = [None] * len(self.ruleset.decisions)
         self.stopped_unstarted: list[int] = []
@@ -304,11 +300,8 @@ class _Run:
                 unsubscribe()
         status = self.stop_status() if self.stopped else "completed"
         if journal is not None:
-            for index in self.stopped_unstarted:
-                outcome = self.outcomes[index]
-                assert outcome is not None
-                await journal.finish_decision(index, outcome)
-            await journal.finish(status)
+            unstarted = [(index, self.outcomes[index]) for index in self.stopped_unstarted]
+            await journal.finish(status, [(i, o) for i, o in unstarted if o is not None])
         decisions = tuple(outcome for outcome in self.outcomes if outcome is not None)
         return EvaluationResult(
             invocation_id=self.request.invocation_id,
@@ -332,6 +325,9 @@ class _Run:
                 task.cancel()
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
+            if self.journal is not None:
+                # Leave no receipt write running behind the run.
+                await self.journal.settle()
             raise
 
     def _lane(self, index: int) -> tuple[str, str, str]:
@@ -505,8 +501,8 @@ class _Run:
     async def _backoff(self, wait_ms: float, permit: list[bool]) -> bool:
         """Sleep before a retry; False when the run was stopped meanwhile.
 
-        A scheduled run without receipts lends its permit out while it sleeps and takes one
-        back ahead of unstarted work; serial and receipt-backed runs keep theirs.
+        A scheduled run lends its permit out while it sleeps and takes one back ahead of
+        unstarted work; a serial run keeps its one permit.
         """
         if self.signal.cancelled:
             return False

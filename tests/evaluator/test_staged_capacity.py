@@ -123,14 +123,15 @@ def test_four_staged_runs_never_exceed_the_endpoints_capacity_together(
     settings.SLUICE_STAGED_PROVIDER = {"adapter": "staged", "model": "m", "windowSeconds": 1}
     settings.SLUICE_ADMISSION_REDIS_URL = slots_url
     settings.SLUICE_ADMISSION_KEY_PREFIX = f"sluice-test-{uuid.uuid4().hex}"
+    # Both runs of each workspace at once (one load run per workspace in flight by default).
+    settings.SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT = 2
     runs = []
     for key in ("acme", "globex"):
         workspace = Workspace.objects.create(key=key, name=key)
         operator = django_user_model.objects.create_user(f"op-{key}", is_staff=True)
         workspace.members.add(operator, through_defaults={"role": "operator"})
         runs += [
-            load_run_submit(workspace, operator, MANIFEST, "staged-provider", enqueue=False)
-            for _ in range(2)
+            load_run_submit(workspace, operator, MANIFEST, "staged-provider") for _ in range(2)
         ]
 
     start = threading.Barrier(len(runs))
@@ -138,7 +139,7 @@ def test_four_staged_runs_never_exceed_the_endpoints_capacity_together(
     def execute(run: LoadRun) -> None:
         try:
             start.wait()
-            load_run_execute(run.pk)
+            load_run_execute(run.pk, wait_seconds=60)
         finally:
             connection.close()
 

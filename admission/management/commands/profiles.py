@@ -105,6 +105,13 @@ class Command(BaseCommand):
                 help=f"Map a manifest {section} onto one of the version's; repeat per id.",
             )
         what_if.add_argument("--json", action="store_true", help="Print the whole record.")
+        what_if.add_argument(
+            "--wait",
+            type=float,
+            default=600.0,
+            metavar="SECONDS",
+            help="How long to wait for the run's turn and its end (default 600).",
+        )
 
         switch = commands.add_parser(
             "switch",
@@ -333,13 +340,19 @@ class Command(BaseCommand):
             options["target"],
             what_if_version=version,
             mapping={key: pairs for key, pairs in mapping.items() if pairs} or None,
-            enqueue=False,
         )
-        # Run here rather than on a worker: the operator waits for the verdict.
-        done = load_run_execute(run.pk)
+        # The operator waits for the verdict: the run goes here once it is its turn (the same
+        # per-workspace cap and order as on a worker), unless a worker takes it first.
+        done = load_run_execute(run.pk, wait_seconds=options["wait"])
         assert done is not None
+        if not done.finished:
+            raise CommandError(
+                f"load run {done.pk} is still {done.status} after {options['wait']:g} s (other "
+                "load runs of the workspace go first); it stays queued, see it in the admin"
+            )
         if done.record is None:
-            raise CommandError(f"the what-if run failed: {(done.error or {}).get('detail')}")
+            detail = (done.error or {}).get("detail") or done.status
+            raise CommandError(f"the what-if run did not complete: {detail}")
         if options["json"]:
             self.stdout.write(json.dumps(done.record, indent=2, ensure_ascii=False))
             return
