@@ -367,9 +367,13 @@ class ReceiptJournal:
         self._changes += 1
         wanted = self._changes
         while self._durable < wanted:
+            flight = self._flight
+            if flight is not None and flight.done():
+                # Landed, its callback not run yet: awaiting it again would not yield.
+                self._landed(flight)
+                flight = None
             if self._failure is not None:
                 raise self._failure
-            flight = self._flight
             if flight is None:
                 flight = self._flight = asyncio.get_running_loop().create_task(self._write())
                 flight.add_done_callback(self._landed)
@@ -397,7 +401,10 @@ class ReceiptJournal:
         self._durable = changes
 
     def _landed(self, flight: asyncio.Task[None]) -> None:
-        self._flight = None
+        if self._flight is flight:
+            self._flight = None
+        if self._failure is not None:
+            return
         if flight.cancelled():
             self._failure = asyncio.CancelledError()
         elif flight.exception() is not None:
