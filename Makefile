@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python benchmarks/telemetry.py
 	$(BIN)/python benchmarks/shadow.py
 	$(BIN)/python benchmarks/run_progress.py
+	$(BIN)/python benchmarks/request_bounds.py
 	$(BIN)/python benchmarks/durable_parallel.py
 
 evidence: install

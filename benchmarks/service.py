@@ -1,12 +1,12 @@
 """Service benchmark: evaluations per second through a real web server and Celery workers.
 
 Run with `python benchmarks/service.py [--evaluations 300] [--decisions 5] [--latency-ms 300]
-[--workers 1,2] [--modes full] [--limits wide|demo] [--provider-concurrency N]`. The provider is a loopback
-OpenAI-compatible server answering every call after `--latency-ms`; each evaluation has
-`--decisions` decisions. `--limits demo` keeps the demo profile's admission limits (a principal
-may have 2 calls in flight); `wide` (the default) activates a profile that lets every call
-through at once (concurrency 256 at every level), so the figures show what the workers do,
-not what admission allows. Submissions go through the REST API from 8 client threads;
+[--workers 1,2] [--modes full] [--limits wide|demo] [--provider-concurrency N]`. The provider
+is a loopback OpenAI-compatible server answering every call after `--latency-ms`; each
+evaluation has `--decisions` decisions. `--limits demo` keeps the demo profile's admission
+limits (a principal may have 2 calls in flight); `wide` (the default) activates a profile that
+lets every call through at once (concurrency 256 at every level), so the figures show what the
+workers do, not what admission allows. Submissions go through the REST API from 8 client threads;
 submit-to-complete is the run's `finishedAt - createdAt` as the server recorded it.
 With `--provider-concurrency N` the provider takes N calls at once (the rest of the profile stays
 wide) and every run asks for the scheduler at N: provider calls per second against the

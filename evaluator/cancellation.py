@@ -18,9 +18,9 @@ import logging
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from admission import access
+from evaluator import server_clock
 from evaluator.engine.outcomes import CANCELLED, EXECUTION_UNCERTAIN
 from evaluator.engine.receipts import RUNNING, pending_slots, unconfirmed_attempt, upgraded_document
 from evaluator.models import EvaluationRun, Receipt
@@ -84,7 +84,7 @@ def evaluation_run_cancel(run: EvaluationRun, user: Any) -> EvaluationRun:
             raise RunAlreadyFinished(
                 f"the run already ended ({locked.status})", status=locked.status
             )
-        now = timezone.now()
+        now = server_clock.now()
         fields = ["updated_at"]
         if locked.cancel_requested_at is None:
             locked.cancel_requested_at = now
@@ -143,7 +143,7 @@ def _cancelled_before_start(run: EvaluationRun) -> tuple[dict[str, Any], list[di
             "pendingDispatches": [],
             "state": CANCELLED,
             "revision": document["revision"] + 1,
-            "updatedAtEpochMs": timezone.now().timestamp() * 1000,
+            "updatedAtEpochMs": server_clock.now().timestamp() * 1000,
         }
         receipt.schema = document["schema"]
         receipt.state = CANCELLED

@@ -29,6 +29,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
+from evaluator import server_clock
 from evaluator.dispatch import gone_workers
 from evaluator.harness.records import TARGET_STAGED
 from evaluator.models import LoadRun, WorkerProcess
@@ -68,7 +69,7 @@ def _in_flight() -> Counter[int]:
 
 def _take(run: LoadRun, worker_id: str) -> bool:
     """Claim `run` (locked, queued) for `worker_id`; False when somebody else got it."""
-    now = timezone.now()
+    now = server_clock.now()
     run.status = RUNNING
     run.claimed_by = worker_id
     run.claim = uuid.uuid4()
@@ -137,7 +138,7 @@ def load_runs_claim(worker_id: str, limit: int) -> list[LoadRun]:
                 continue
             claimed.append(run)
             running[workspace] += 1
-            served[workspace] = timezone.now()
+            served[workspace] = server_clock.now()
     return claimed
 
 
@@ -180,7 +181,9 @@ def load_runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -
         ).values_list("claim", flat=True)
     )
     if held:
-        LoadRun.objects.filter(claim__in=held, status=RUNNING).update(heartbeat_at=timezone.now())
+        LoadRun.objects.filter(claim__in=held, status=RUNNING).update(
+            heartbeat_at=server_clock.now()
+        )
     return {run_id for run_id, token in claims.items() if token not in held}
 
 
@@ -192,13 +195,13 @@ def load_run_release(run_id: uuid.UUID, token: uuid.UUID | None) -> bool:
         claim=None,
         heartbeat_at=None,
         progress=None,
-        updated_at=timezone.now(),
+        updated_at=server_clock.now(),
     )
     return updated == 1
 
 
 def _interrupt(run_id: uuid.UUID, token: uuid.UUID | None, detail: str) -> bool:
-    now = timezone.now()
+    now = server_clock.now()
     updated = LoadRun.objects.filter(pk=run_id, claim=token, status=RUNNING).update(
         status=LoadRun.Status.FAILED,
         error={"type": INTERRUPTED, "detail": detail},
@@ -224,7 +227,7 @@ def load_run_give_back(run: Any, token: uuid.UUID | None, why: str) -> str:
 def load_runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
     """Take back every running load run whose claimant is gone (see `dispatch.runs_sweep` for
     when a claimant counts as gone); returns their ids."""
-    now = timezone.now()
+    now = server_clock.now()
     stale = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
     gone_workers()
     # Workers marked stopped (by a sweep, here or in `dispatch.runs_sweep`) hold nothing any more.

@@ -20,10 +20,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, transaction
-from django.utils import timezone
 
 from admission import access
-from evaluator import qualification
+from evaluator import qualification, server_clock
 from evaluator.cancellation import RunAlreadyFinished, RunCancelNotAllowed
 from evaluator.deployment import AdapterConfigError
 from evaluator.harness.errors import LoadHarnessError
@@ -85,7 +84,7 @@ class LoadRunWatch:
         """Write progress and heartbeat; returns why the run must stop, or None."""
         try:
             with transaction.atomic():
-                now = timezone.now()
+                now = server_clock.now()
                 updated = LoadRun.objects.filter(
                     pk=self.run_id,
                     claim=self.token,
@@ -125,7 +124,7 @@ def _end(run: LoadRun, token: uuid.UUID, status: str, **values: Any) -> LoadRun:
             logger.warning("%s is no longer held by this claim; not writing its end", run)
             return locked
         locked.status = status
-        locked.finished_at = timezone.now()
+        locked.finished_at = server_clock.now()
         for name, value in values.items():
             setattr(locked, name, value)
         locked.save()
@@ -264,7 +263,7 @@ def load_run_cancel(run: LoadRun, user: Any) -> LoadRun:
             raise RunAlreadyFinished(
                 f"the load run already ended ({locked.status})", status=locked.status
             )
-        now = timezone.now()
+        now = server_clock.now()
         fields = ["updated_at"]
         if locked.cancel_requested_at is None:
             locked.cancel_requested_at = now

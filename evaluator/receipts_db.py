@@ -16,8 +16,8 @@ from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
-from django.utils import timezone
 
+from evaluator import server_clock
 from evaluator.engine.errors import ReceiptConflictError
 from evaluator.engine.receipts import RUNNING, ReceiptKey, pending_slots
 from evaluator.models import Receipt
@@ -125,7 +125,7 @@ class DatabaseReceiptStore:
             revision=document["revision"],
             pending_dispatch=bool(pending_slots(document)),
             document=document,
-            updated_at=timezone.now(),
+            updated_at=server_clock.now(),
         )
         if updated != 1:
             raise ReceiptConflictError(key.invocation_id, expected_revision)

@@ -22,13 +22,12 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
-from django.utils import timezone
 
 from admission import access, rollout, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
-from evaluator import qualification, usage
+from evaluator import qualification, server_clock, usage
 from evaluator.cancel_watch import run_cancel_signal
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError
@@ -226,7 +225,7 @@ def _resubmit(run: EvaluationRun, principal_id: str, document: Any) -> Evaluatio
             error=None,
             finished_at=None,
             task_id=str(uuid.uuid4()),
-            updated_at=timezone.now(),
+            updated_at=server_clock.now(),
         )
         run.refresh_from_db()
         if updated:
@@ -517,7 +516,7 @@ def _finish(run: RunT, *, status: str, claim: uuid.UUID | None = None, **values:
             logger.warning("%s is no longer held by this claim; not writing its outcome", run)
             return locked
         locked.status = status
-        locked.finished_at = timezone.now()
+        locked.finished_at = server_clock.now()
         for name, value in values.items():
             setattr(locked, name, value)
         locked.save()
