@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from admission.dashboard import dashboard_view
+from config import token_admin  # noqa: F401  (replaces the token library's admin)
 from config.api_tokens import TokenIssueView
 from config.document_schemas import EvaluationSchemaView, ProfileSchemaView
 
