@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from console.admin import tokens as token_admin  # noqa: F401  (replaces the token library's admin)
 from console.admin.dashboard import dashboard_view
 from console.api.schemas import EvaluationSchemaView, ProfileSchemaView
 from console.api.tokens import TokenIssueView

@@ -12,7 +12,8 @@ from evaluator.engine.receipts import RECEIPT_SCHEMA
 
 
 class Receipt(models.Model):
-    """The durable receipt (v2) of one evaluation invocation.
+    """The durable receipt (v3; a v2 one until the run that resumes it upgrades it) of one
+    evaluation invocation.
 
     ``document`` is the receipt JSON the evaluator reads and writes; the other columns copy what
     operators filter on. Updates are compare-and-set on ``revision`` and stop once ``state``

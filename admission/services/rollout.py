@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import hashlib
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ from admission.services import profiles as services
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Bound",
@@ -599,14 +602,22 @@ def _thin(series: list[Any]) -> list[Any]:
 def _folded(key: str, rows_between: RowsBetween, fold: FoldRows, empty: dict[str, Any]) -> Any:
     """`fold` over every row: the settled ones from the kept checkpoint, the rest read now."""
     cache_key = f"comparison:{key}"
-    state = cache.get(cache_key) or copy.deepcopy(empty)
+    try:
+        state = cache.get(cache_key) or copy.deepcopy(empty)
+    except Exception:
+        # Without the cache the comparison is read whole, as it would be the first time.
+        logger.warning("comparison checkpoint %s unreadable; reading every row", key)
+        state = copy.deepcopy(empty)
     cutoff = timezone.now() - COMPARISON_SETTLE
     until = dt.datetime.fromisoformat(state["until"]) if state.get("until") else None
     if until is None or until < cutoff:
         state = fold(state, rows_between(until, cutoff))
         state["until"] = cutoff.isoformat()
         state["series"] = _thin(state["series"])
-        cache.set(cache_key, state, COMPARISON_KEPT_SECONDS)
+        try:
+            cache.set(cache_key, state, COMPARISON_KEPT_SECONDS)
+        except Exception:
+            logger.warning("comparison checkpoint %s not kept", key)
         until = cutoff
     return fold(copy.deepcopy(state), rows_between(until, None))
 

@@ -47,6 +47,7 @@ from django.db import DatabaseError, close_old_connections, connections
 from admission.core import AdmissionRegistry
 from admission.runtime import live, refresh
 from admission.runtime import registry as runtime
+from evaluator.engine import holds
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.services import runs as services
@@ -207,10 +208,46 @@ class Runner:
             # The sweeper of the next worker takes them back once this one's heartbeat is old.
             logger.warning("could not give runs back at shutdown: %s", type(error).__name__)
         finally:
+            self._abort_left()
+            self._keep_held_permits()
             refresh.stop_listener()
             live.stop_publisher()
             self.database.shutdown(wait=False)
             connections.close_all()
+
+    def _abort_left(self) -> None:
+        """Stop the evaluations given back at shutdown: their calls in flight are aborted, and
+        the permit of each call that may have reached the provider is held
+        (evaluator/engine/holds.py)."""
+        with self._lock:
+            futures = [held.future for held in self._held.values() if held.future is not None]
+        for future in futures:
+            future.cancel()
+        concurrent.futures.wait(futures, timeout=5)
+
+    def _keep_held_permits(self) -> None:
+        """Live on while permits of aborted calls must still be held.
+
+        A permit held in this process dies with it. With admission in Redis, the permits of a
+        process that stops renewing stay taken for a lease TTL after its last renewal, so the
+        process waits only for what outlasts that; in-process admission waits for all of it.
+        """
+        try:
+            left = self.loop.run(_hold_left_seconds())
+        except RuntimeError:
+            return  # the loop is gone already, and its permits with it
+        if settings.SLUICE_ADMISSION_REDIS_URL:
+            covered = (
+                settings.SLUICE_ADMISSION_LEASE_TTL_MS - settings.SLUICE_ADMISSION_HEARTBEAT_MS
+            ) / 1000.0
+            left -= max(0.0, covered)
+        if left > 0:
+            logger.warning(
+                "waiting %.1f s before stopping: aborted calls may still run at the provider and "
+                "their permits stay held until their timeouts",
+                left,
+            )
+            time.sleep(left)
 
     # ----------------------------------------------------------------- dispatcher
 
@@ -335,7 +372,13 @@ class Runner:
             registry = runtime.registry_for_run(start.plan)
         held = _Held(token=run.claim)
         with self._lock:
+            previous = self._held.get(run.pk)
             self._held[run.pk] = held
+        if previous is not None and previous.future is not None and not previous.future.done():
+            # Taken away and claimed again here before a heartbeat noticed: the old claim stops.
+            logger.warning("evaluation %s is no longer this worker's; stopping it", run.pk)
+            previous.lost = True
+            previous.future.cancel()
         self.counters.claimed += 1
         future = asyncio.run_coroutine_threadsafe(
             self._execute(run, held, start, _SlotFreeingRegistry(self, registry)), self.loop.loop
@@ -405,6 +448,13 @@ class Runner:
         released = await self._retrying(held, lambda: dispatch.run_release(run.pk, held.token))
         if released:
             self.counters.given_back += 1
+
+
+async def _hold_left_seconds() -> float:
+    """How long the last permit of an aborted call on this loop is still held."""
+    loop = asyncio.get_running_loop()
+    end = holds.last_hold_end(loop)
+    return 0.0 if end is None else max(0.0, end - loop.time())
 
 
 class _SlotFreeingController:

@@ -30,6 +30,11 @@ ADMIN_PAGES = [
     "/admin/admission/live/",
     "/admin/evaluator/evaluationrun/",
     "/admin/evaluator/loadrun/",
+    "/admin/evaluator/loadrun/add/",
+    "/admin/evaluator/evaluationrun/add/",
+    "/admin/admission/rolloutevent/",
+    "/admin/admission/rolloutevent/controls/acme/",
+    "/runbooks/RUN-JEV-ADMISSION-v1/",
 ]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.test import Client
 from rest_framework.test import APIClient
 
 from admission.models import Workspace
@@ -331,6 +332,15 @@ def test_progress_shows_every_call_in_flight_and_a_cancel_resolves_every_slot(de
         ("check-3", 1),
     ]
     assert progress["maxInFlight"] == 3
+    # The admin's run page and the receipt list show every call in flight too.
+    get_user_model().objects.filter(pk=mia.pk).update(is_staff=True)
+    browser = Client()
+    browser.force_login(mia)
+    page = browser.get(f"/admin/evaluator/evaluationrun/{run.pk}/change/").content.decode()
+    assert "2 in flight: check-2 on fake #1 (admission: admit), check-3 on fake #1" in page
+    assert "at most 3 in flight at once" in page
+    receipts = browser.get("/admin/evaluator/receipt/").content.decode()
+    assert "2 (3)" in receipts
 
     # Taken back to the backlog (its worker died), then cancelled while queued.
     EvaluationRun.objects.filter(pk=run.pk).update(status="queued")
