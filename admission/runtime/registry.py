@@ -24,7 +24,7 @@ from admission.models import ProfileChangeRecord, ProfileVersion
 
 if TYPE_CHECKING:
     from admission.core import ProfileChangeRecord as CoreChangeRecord
-    from admission.services.rollout import RunPlan
+    from admission.rollout.plan import RunPlan
 
 _lock = threading.RLock()
 _registry: AdmissionRegistry | None = None
