@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import islice
 from typing import Any, TypeVar
 
 from django import forms
@@ -21,11 +22,12 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
@@ -50,10 +52,16 @@ from admission.models import (
     Workspace,
     WorkspaceMembership,
 )
-from admission.profile_diff import LimitRow, limits_diff
+from admission.profile_diff import LimitRow, limit_rows, limits_diff, zero_limit_count
 from evaluator import selectors as evaluator_selectors
+from evaluator.load_charts import load_run_bounds, load_run_glance
 from evaluator.models import LoadRun
 from evaluator.services import RunServiceError, load_run_submit
+
+# The site's own name on every admin page (and the browser tab), not Django's.
+admin.site.site_header = "Sluice"
+admin.site.site_title = "Sluice"
+admin.site.index_title = "Operations"
 
 
 def _operator(request: HttpRequest) -> Any:
@@ -62,6 +70,16 @@ def _operator(request: HttpRequest) -> Any:
     if not isinstance(user, get_user_model()):
         raise PermissionDenied
     return user
+
+
+# Review pages summarise big documents: a line diff, the whole JSON inline and the limit rows
+# stop at these sizes, and the rest is a click away (the limits page with search, the JSON).
+DIFF_MAX_CHARS = 65_536
+INLINE_JSON_CHARS = 65_536
+REVIEW_ROWS = 100
+DECISION_ROWS = 25
+DECISION_MAX_VERSIONS = 10
+LIMITS_PAGE_ROWS = 100
 
 
 def pretty_json(document: Any) -> str:
@@ -77,13 +95,41 @@ def json_block(document: Any, **attributes: str) -> SafeString:
     return format_html("<pre{}>{}</pre>", shown, pretty_json(document))
 
 
+def document_html(version: ProfileVersion) -> SafeString:
+    """A version's document inline when it is small; otherwise its size and links to the whole
+    JSON and to its limits with search."""
+    size = len(json.dumps(version.document))  # the C encoder: indenting is many times slower
+    if size <= INLINE_JSON_CHARS:
+        return json_block(version.document, **{"class": "profile-json"})
+    document = version.document if isinstance(version.document, dict) else {}
+    principals = document.get("principals")
+    return format_html(
+        '<p class="profile-json-summary">{} characters, {} principals: '
+        '<a href="{}">the whole document (JSON)</a>, '
+        '<a href="{}?all=1">every limit, with search</a>.</p>',
+        size,
+        len(principals) if isinstance(principals, dict | list) else 0,
+        reverse("admin:admission_profileversion_document", args=[version.pk]),
+        reverse("admin:admission_profileversion_limits", args=[version.pk]),
+    )
+
+
 def profile_diff_html(old: ProfileVersion | None, new_document: Any, new_label: str) -> SafeString:
     """A unified diff of two documents (keys sorted), as a <pre> block with marked lines."""
+    sizes = [len(json.dumps(doc)) for doc in (old.document if old else {}, new_document)]
+    if sum(sizes) > DIFF_MAX_CHARS:
+        # A line diff of big documents costs seconds; the limits table lists every change.
+        return format_html(
+            '<p class="profile-diff-summary">{} and {} characters of JSON: too long for a line '
+            "diff here. The limits table lists every changed limit.</p>",
+            *sizes,
+        )
     old_text = pretty_json(old.document).splitlines() if old is not None else []
+    new_text = pretty_json(new_document).splitlines()
     lines = list(
         difflib.unified_diff(
             old_text,
-            pretty_json(new_document).splitlines(),
+            new_text,
             fromfile=old.profile_version if old is not None else "(no current version)",
             tofile=new_label,
             lineterm="",
@@ -158,8 +204,8 @@ class WorkspaceScopedAdminMixin:
         return _may_anywhere(request, access.ACTIVATE)
 
     def has_what_if_permission(self, request: HttpRequest) -> bool:
-        # A what-if run is a load run: the act that starts one starts the other.
-        return _may_anywhere(request, access.RUN_LOAD)
+        # A what-if run qualifies a proposal: whoever may propose may ask for one.
+        return _may_anywhere(request, access.PROPOSE)
 
 
 def _may_anywhere(request: HttpRequest, act: str) -> bool:
@@ -167,6 +213,35 @@ def _may_anywhere(request: HttpRequest, act: str) -> bool:
 
 
 WORKSPACE_FILTER = ("workspace", admin.RelatedOnlyFieldListFilter)
+
+
+class VersionStatusFilter(admin.SimpleListFilter):
+    """Versions by their one-word state (`selectors.version_status`)."""
+
+    title = "status"
+    parameter_name = "status"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(name, name) for name in selectors.VERSION_STATUSES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return selectors.profile_versions_in_status(queryset, value) if value else queryset
+
+
+class WaitingForMeFilter(admin.SimpleListFilter):
+    """The inbox: proposed versions the signed-in user may approve and did not propose."""
+
+    title = "waiting for my decision"
+    parameter_name = "inbox"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("me", "waiting for my decision")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() != "me":
+            return queryset
+        return selectors.profile_versions_awaiting(queryset, user=request.user)
 
 
 def _run_per_object(
@@ -191,7 +266,8 @@ def _run_per_object(
             # Most refusals name the object already; say which one only when they do not.
             if str(obj) not in message:
                 message = f"{obj}: {message}"
-            model_admin.message_user(request, message, messages.ERROR)
+            # A word first: the admin capitalises a message's first letter, not a key's.
+            model_admin.message_user(request, f"Refused: {message}", messages.ERROR)
         else:
             model_admin.message_user(request, done, messages.SUCCESS)
 
@@ -232,6 +308,27 @@ def _form_action(
         **(extra or {}),
     }
     return TemplateResponse(request, template, context)
+
+
+def _not_your_own(
+    model_admin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    author_field: str,
+    what: str,
+) -> QuerySet[Any]:
+    """The objects the signed-in user may decide: each one they wrote themselves is refused at
+    once, with the reason, before any checklist is shown (four-eyes rule)."""
+    operator = _operator(request)
+    own = [obj for obj in queryset if getattr(obj, f"{author_field}_id") == operator.pk]
+    for obj in own:
+        model_admin.message_user(
+            request,
+            f"Not offered: you {what} {obj}, so a second person must decide it "
+            f"(four-eyes rule of {RUNBOOK_ID}).",
+            messages.ERROR,
+        )
+    return queryset.exclude(pk__in=[obj.pk for obj in own]) if own else queryset
 
 
 def _decision_action(
@@ -275,34 +372,70 @@ class VersionReview:
 
     version: ProfileVersion
     base: ProfileVersion | None
+    # The first rows only (`rows` of them); `more` says whether others follow.
     limits: list[LimitRow]
+    more: bool
+    zero_count: int
     what_if_runs: list[LoadRun]
 
-    @property
-    def zero_limits(self) -> list[LimitRow]:
-        return [row for row in self.limits if row.warning]
 
-
-def version_review(version: ProfileVersion) -> VersionReview:
-    base = selectors.profile_version_diff_base(version=version)
+def version_review(
+    version: ProfileVersion, *, rows: int, bases: dict[int, Any] | None = None
+) -> VersionReview:
+    """The review of `version` with its first `rows` limit rows: a big profile's thousand
+    changed principals are counted on the limits page, not here. `bases` keeps each
+    workspace's current version across the reviews of one page."""
+    if bases is None:
+        base = selectors.profile_version_diff_base(version=version)
+    else:
+        if version.workspace_id not in bases:
+            bases[version.workspace_id] = selectors.workspace_current_version(
+                workspace=version.workspace
+            )
+        base = bases[version.workspace_id]
+        if base is not None and base.pk == version.pk:
+            base = None
+    found = list(
+        islice(limit_rows(base.document if base is not None else None, version.document), rows + 1)
+    )
     return VersionReview(
         version=version,
         base=base,
-        limits=limits_diff(base.document if base is not None else None, version.document),
+        limits=found[:rows],
+        more=len(found) > rows,
+        zero_count=zero_limit_count(version.document),
         what_if_runs=list(evaluator_selectors.what_if_run_list(version=version)[:3]),
     )
 
 
-def limits_table_html(base: ProfileVersion | None, rows: list[LimitRow]) -> SafeString:
+def limits_table_html(
+    base: ProfileVersion | None, rows: list[LimitRow], *, more: bool = False, all_url: str = ""
+) -> SafeString:
+    """Limit rows; `more` says they are the first ones, and `all_url` where the rest are."""
     return render_to_string(
         "admin/admission/includes/limits_diff.html",
-        {"base": base, "rows": rows},
+        {"base": base, "rows": rows, "more": more, "all_url": all_url},
     )
 
 
+def review_limits_html(review: VersionReview) -> SafeString:
+    """A review's first limit rows, with a link to every row on the version's limits page."""
+    url = reverse("admin:admission_profileversion_limits", args=[review.version.pk])
+    return limits_table_html(review.base, review.limits, more=review.more, all_url=url)
+
+
 def what_if_html(version: ProfileVersion, runs: list[LoadRun]) -> SafeString:
+    """The version's latest what-if runs: each verdict per bound, figures rounded for reading,
+    and the newest completed run's charts beside the numbers they illustrate."""
+    shown = []
+    plotted = False
+    for run in runs:
+        glance = []
+        if not plotted and run.status == LoadRun.Status.COMPLETED:
+            glance, plotted = load_run_glance(run.record, run.timeline), True
+        shown.append({"run": run, "bounds": load_run_bounds(run.record), "glance": glance})
     return render_to_string(
-        "admin/admission/includes/what_if_runs.html", {"version": version, "runs": runs}
+        "admin/admission/includes/what_if_runs.html", {"version": version, "runs": shown}
     )
 
 
@@ -404,7 +537,7 @@ class WorkspaceAdmin(admin.ModelAdmin):
             )
         return format_html(
             '{}<a href="{}" class="button">Propose a change starting from {}</a>',
-            json_block(current.document, **{"class": "profile-json"}),
+            document_html(current),
             propose,
             current.profile_version,
         )
@@ -420,7 +553,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         "created_at",
         "short_profile_digest",
     )
-    list_filter = (WORKSPACE_FILTER, "created_at")
+    list_filter = (WaitingForMeFilter, VersionStatusFilter, WORKSPACE_FILTER, "created_at")
     search_fields = ("profile_version", "workspace__key")
     readonly_fields = (
         "workspace",
@@ -450,8 +583,106 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
     class Media:
         css = {"all": ("admission/review.css",)}
 
+    change_form_template = "admin/admission/profileversion/change_form.html"
+
     def get_queryset(self, request: HttpRequest) -> QuerySet[ProfileVersion]:
         return self.scope(selectors.profile_version_queryset(), request)
+
+    def get_urls(self) -> list[URLPattern]:
+        own = [
+            path(
+                "<int:object_id>/limits/",
+                self.admin_site.admin_view(self.limits_view),
+                name="admission_profileversion_limits",
+            ),
+            path(
+                "<int:object_id>/document.json",
+                self.admin_site.admin_view(self.document_view),
+                name="admission_profileversion_document",
+            ),
+        ]
+        return own + super().get_urls()
+
+    def _viewable(self, request: HttpRequest, object_id: int) -> ProfileVersion:
+        version = self.get_object(request, str(object_id))
+        if version is None:
+            raise Http404("No such profile version.")
+        if not self.has_view_permission(request, version):
+            raise PermissionDenied
+        return version
+
+    def document_view(self, request: HttpRequest, object_id: int) -> HttpResponse:
+        """The whole document, on demand."""
+        version = self._viewable(request, object_id)
+        return JsonResponse(
+            version.document,
+            safe=False,
+            json_dumps_params={"indent": 2, "sort_keys": True, "ensure_ascii": False},
+        )
+
+    def limits_view(self, request: HttpRequest, object_id: int) -> TemplateResponse:
+        """Every limit row of a version against the current one, searchable by scope, a page at
+        a time (`?all=1` also lists the unchanged ones)."""
+        version = self._viewable(request, object_id)
+        base = selectors.profile_version_diff_base(version=version)
+        everything = bool(request.GET.get("all"))
+        query = request.GET.get("q", "").strip()[:128]
+        rows = limits_diff(base.document if base else None, version.document, everything=everything)
+        if query:
+            rows = [row for row in rows if query.lower() in row.scope.lower()]
+        page = Paginator(rows, LIMITS_PAGE_ROWS).get_page(request.GET.get("page"))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": f"Limits of {version}",
+            "version": version,
+            "base": base,
+            "page": page,
+            "query": query,
+            "everything": everything,
+        }
+        return TemplateResponse(request, "admin/admission/profileversion/limits.html", context)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        version = self.get_object(request, object_id)
+        extra = dict(extra_context or {})
+        if version is not None:
+            extra["version_actions"], extra["version_notes"] = self._page_actions(request, version)
+            extra["version_rollout"] = selectors.version_status(
+                version
+            ) == "approved" and access.can(request.user, access.OPERATE, version.workspace)
+        return super().change_view(request, object_id, form_url, extra)
+
+    def _page_actions(
+        self, request: HttpRequest, version: ProfileVersion
+    ) -> tuple[list[tuple[str, str]], list[str]]:
+        """The decisions and steps the signed-in user may take on this version now, as
+        (action, label), and notes on the ones they may not take."""
+        user, workspace = request.user, version.workspace
+        state = selectors.version_status(version)
+        offered: list[tuple[str, str]] = []
+        notes: list[str] = []
+        if state == "proposed" and access.can(user, access.APPROVE, workspace):
+            if version.proposed_by_id == _operator(request).pk:
+                notes.append(
+                    "You proposed this version: a second person approves or rejects it "
+                    f"(four-eyes rule of {RUNBOOK_ID})."
+                )
+            else:
+                offered += [("approve_selected", "Approve…"), ("reject_selected", "Reject…")]
+        if state == "approved" and access.can(user, access.ACTIVATE, workspace):
+            offered.append(("activate_selected", "Activate"))
+        if state == "superseded" and access.can(user, access.ACTIVATE, workspace):
+            offered.append(("request_rollback", "Request a rollback to it…"))
+        if access.can(user, access.RUN_LOAD, workspace):
+            offered.append(("run_what_if", "Run a what-if…"))
+        return offered, notes
 
     @admin.display(description="status")
     def status(self, obj: ProfileVersion) -> str:
@@ -463,7 +694,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
 
     @admin.display(description="document")
     def document_pretty(self, obj: ProfileVersion) -> SafeString:
-        return json_block(obj.document, **{"class": "profile-json"})
+        return document_html(obj)
 
     @admin.display(description="document diff against the current version")
     def diff_to_current(self, obj: ProfileVersion) -> SafeString | str:
@@ -476,8 +707,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
     def limits_table(self, obj: ProfileVersion) -> SafeString | str:
         if obj.pk == getattr(obj, "current_version_id", None):
             return "This is the current version."
-        review = version_review(obj)
-        return limits_table_html(review.base, review.limits)
+        return review_limits_html(version_review(obj, rows=REVIEW_ROWS))
 
     @admin.display(description="shadow and canary evidence")
     def rollout_evidence(self, obj: ProfileVersion) -> SafeString | str:
@@ -535,8 +765,14 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
                 if "_preview" in request.POST:
                     current = selectors.workspace_current_version(workspace=workspace)
                     diff = profile_diff_html(current, document, str(document["profileVersion"]))
+                    found = list(
+                        islice(
+                            limit_rows(current.document if current else None, document),
+                            REVIEW_ROWS + 1,
+                        )
+                    )
                     limits = limits_table_html(
-                        current, limits_diff(current.document if current else None, document)
+                        current, found[:REVIEW_ROWS], more=len(found) > REVIEW_ROWS
                     )
                 else:
                     try:
@@ -544,7 +780,8 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
                             workspace=workspace, document=document, proposed_by=_operator(request)
                         )
                     except (services.ProfileServiceError, InvalidProfileError) as error:
-                        form.add_error("document", str(error))
+                        for problem in getattr(error, "problems", [error]):
+                            form.add_error("document", str(problem))
                     else:
                         self.log_addition(request, version, [{"added": {}}])
                         self.message_user(
@@ -594,8 +831,22 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
             )
             return f"Rejected {version}."
 
+        queryset = _not_your_own(self, request, queryset, "proposed_by", "proposed")
+        if not queryset.exists():
+            return None
+        selected = queryset.count()
+        if selected > DECISION_MAX_VERSIONS:
+            # Each version is reviewed on the page: a bounded number keeps it quick to read.
+            self.message_user(
+                request,
+                f"Select at most {DECISION_MAX_VERSIONS} versions to {decision} at a time "
+                f"({selected} were selected).",
+                messages.ERROR,
+            )
+            return None
         title = f"{decision.capitalize()} profile versions under {RUNBOOK_ID}"
-        reviews = [version_review(version) for version in queryset]
+        bases: dict[int, Any] = {}
+        reviews = [version_review(v, rows=DECISION_ROWS, bases=bases) for v in queryset]
         return _decision_action(
             self,
             request,
@@ -699,7 +950,7 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
 def _review_html(review: VersionReview) -> SafeString:
     return format_html(
         "{}{}",
-        limits_table_html(review.base, review.limits),
+        review_limits_html(review),
         what_if_html(review.version, review.what_if_runs),
     )
 
@@ -746,6 +997,9 @@ class RollbackRequestAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.
             )
             return f"Rejected the rollback of {rollback.workspace}."
 
+        queryset = _not_your_own(self, request, queryset, "requested_by", "requested")
+        if not queryset.exists():
+            return None
         title = f"{decision.capitalize()} rollback requests"
         return _decision_action(
             self,

@@ -6,6 +6,8 @@ from the evaluation runs that started while it ran, which are the evaluator's ro
 
 from __future__ import annotations
 
+from typing import Any
+
 from admission import rollout
 from admission.models import RolloutEvent
 from evaluator import selectors as evaluator_selectors
@@ -14,12 +16,17 @@ from evaluator import selectors as evaluator_selectors
 def canary_comparison(canary: RolloutEvent) -> rollout.Comparison:
     """Current version against the canary over the canary's window (still open, or closed)."""
     closing = canary.closings.order_by("id").first()
-    runs = evaluator_selectors.run_admissions_since(
-        workspace=canary.workspace,
-        since=canary.at,
-        until=closing.at if closing is not None else None,
-    )
-    return rollout.canary_runs_comparison(canary=canary, runs=runs)
+
+    def runs_between(finished_from: Any, finished_before: Any) -> Any:
+        return evaluator_selectors.run_admissions_since(
+            workspace=canary.workspace,
+            since=canary.at,
+            until=closing.at if closing is not None else None,
+            finished_from=finished_from,
+            finished_before=finished_before,
+        )
+
+    return rollout.canary_runs_comparison(canary=canary, runs_between=runs_between)
 
 
 def session_comparison(event: RolloutEvent) -> rollout.Comparison:

@@ -4,7 +4,8 @@
 active and queued calls against their limits, admitted / deferred / shed by reason over the
 last hour, the queue delay of admitted requests, breaker states with their transitions, and the
 profile revision in force. Figures come from `admission.operations` (the deployment's shared
-state in Redis); charts are server-rendered SVG (`evaluator.charts`). The page reloads itself.
+state in Redis, or what the one worker publishes when admission is kept in it); charts are
+server-rendered SVG (`evaluator.charts`). The page reloads itself.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -316,6 +318,8 @@ def dashboard_view(request: HttpRequest) -> HttpResponse:
         "workspaces": [w.key for w in visible],
         "chosen": chosen,
         "coordinated": any(view.coordinated for view in views),
+        "published": any(view.published for view in views),
+        "snapshot_seconds": settings.SLUICE_ADMISSION_SNAPSHOT_SECONDS,
         "refresh_seconds": REFRESH_SECONDS,
         "window_minutes": WINDOW_MINUTES,
         "generated_at": timezone.localtime(),

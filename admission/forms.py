@@ -72,7 +72,9 @@ class ProfileProposeForm(forms.Form):
         try:
             self.profile = services.profile_document_check(workspace, document)
         except InvalidProfileError as error:
-            self.add_error("document", str(error))
+            # Every problem of the document, each naming its field.
+            for problem in getattr(error, "problems", [error]):
+                self.add_error("document", str(problem))
             return cleaned
         existing = selectors.profile_version_get(
             workspace=workspace, label=self.profile.profile_version

@@ -401,3 +401,20 @@ class RunBoundary(AppendOnlyModel):
 
     def __str__(self) -> str:
         return f"run {self.run_id} started in {self.workspace_id}"
+
+
+class AdmissionSnapshot(models.Model):
+    """The live admission figures a worker process published (admission/live.py), for a worker
+    whose admission is kept in its own process: one row per process, rewritten every few
+    seconds. `state` maps workspace keys to figures in the shape of the shared state in Redis;
+    it holds counts by provider, decision and reason, never a principal id."""
+
+    process_id = models.CharField(primary_key=True, max_length=160)
+    written_at = models.DateTimeField(db_index=True)
+    state = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ("-written_at",)
+
+    def __str__(self) -> str:
+        return f"admission snapshot of {self.process_id}"

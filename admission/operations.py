@@ -3,8 +3,8 @@
 With admission coordinated in Redis (`SLUICE_ADMISSION_REDIS_URL`) every figure is the
 deployment's: active and queued calls, limits, breakers, per-minute decision counts and running
 totals, read with one `state` call per workspace (`RedisCoordinator.state_sync`). With admission
-kept inside each worker process there is no shared state to read: a view then carries the active
-profile's limits and revision only, and says why the rest is missing.
+kept inside the one worker process, the same figures come from what that worker publishes to
+the database every few seconds (`admission.live`); a view says when none was published.
 
 Count keys are `(provider, kind, reason)`: kind `admit`, `defer` or `reject` for decisions,
 `delay` for the admitted queue delay (reason a bucket's upper bound in ms, `inf`, or `sum`),
@@ -21,6 +21,7 @@ from typing import Any
 
 from django.db.models import Max
 
+from admission import live as live_figures
 from admission import runtime
 from admission.coordination import CoordinationUnavailable
 from admission.coordination.controller import limits_record
@@ -61,8 +62,9 @@ class ProviderView:
 
 @dataclass(frozen=True, slots=True)
 class WorkspaceView:
-    """One workspace now. Live figures are None unless `coordinated` and Redis answered;
-    `unavailable` then says why not."""
+    """One workspace now. Live figures are None unless Redis answered (`coordinated`) or a
+    worker published them (`published`); `unavailable` says why Redis did not answer.
+    `publishers` is how many worker processes published fresh figures (in-process mode)."""
 
     workspace_key: str
     coordinated: bool
@@ -82,10 +84,12 @@ class WorkspaceView:
     transitions: list[dict[str, Any]] = field(default_factory=list)
     now_ms: float = 0.0
     unavailable: str = ""
+    published: bool = False
+    publishers: int = 0
 
     @property
     def live(self) -> bool:
-        return self.coordinated and not self.unavailable
+        return (self.coordinated or self.published) and not self.unavailable
 
 
 def _key(stored: str) -> CountKey:
@@ -161,17 +165,24 @@ def workspace_view(
     minutes: int = 60,
     unreachable: str = "",
     active: ActiveVersion | bool | None = False,
+    published: Mapping[str, Any] | None = None,
 ) -> WorkspaceView:
-    """The workspace now, with per-minute counts of the last `minutes` when coordinated.
-    `unreachable` (why Redis failed a moment ago) skips the read: the view says so instead."""
+    """The workspace now, with per-minute counts of the last `minutes`. `unreachable` (why
+    Redis failed a moment ago) skips the read: the view says so instead. `published` is what
+    `admission.live.published_states` gave (read once per page for many workspaces)."""
     revision, limits, provider_limits = _profile_limits(workspace, active)
     observer = runtime.shared_state_observer()
     now_ms = time.time() * 1000.0
     providers = {pid: ProviderView(pid, lim) for pid, lim in provider_limits.items()}
     if observer is None:
-        return WorkspaceView(
-            workspace.key, False, revision, limits=limits, providers=providers, now_ms=now_ms
-        )
+        if published is None:
+            published = live_figures.published_states(minutes=minutes)
+        state = published.get(workspace.key)
+        if state is None:
+            return WorkspaceView(
+                workspace.key, False, revision, limits=limits, providers=providers, now_ms=now_ms
+            )
+        return _from_state(workspace.key, revision, limits, providers, state, coordinated=False)
     try:
         if unreachable:
             raise CoordinationUnavailable(unreachable)
@@ -196,6 +207,8 @@ def _from_state(
     limits: dict[str, Any],
     providers: dict[str, ProviderView],
     state: Mapping[str, Any],
+    *,
+    coordinated: bool = True,
 ) -> WorkspaceView:
     shared = dict(providers)
     for pid, entry in (state.get("providers") or {}).items():
@@ -218,8 +231,10 @@ def _from_state(
     workspace = state.get("workspace") or {}
     return WorkspaceView(
         key,
-        True,
+        coordinated,
         revision,
+        published=not coordinated,
+        publishers=int(state.get("processes") or 0),
         shared_revision=state.get("rev"),
         limits=workspace.get("limits") or limits,
         active=int(workspace.get("a") or 0),
@@ -244,11 +259,18 @@ def deployment_views(
         workspaces = Workspace.objects.filter(pk__in=active).order_by("key")
     shown = list(workspaces)
     actives = _active_versions(shown)
+    published = None
+    if runtime.coordination_settings() is None:
+        published = live_figures.published_states(minutes=minutes)
     views: list[WorkspaceView] = []
     unreachable = ""
     for workspace in shown:
         view = workspace_view(
-            workspace, minutes=minutes, unreachable=unreachable, active=actives.get(workspace.pk)
+            workspace,
+            minutes=minutes,
+            unreachable=unreachable,
+            active=actives.get(workspace.pk),
+            published=published,
         )
         if view.unavailable and not unreachable:
             # One timeout per page, not one per workspace, while Redis is away.

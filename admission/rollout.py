@@ -20,13 +20,18 @@ Refusals are typed `RolloutError`s naming the field at fault; a missing act is `
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
 import hashlib
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from admission import access, selectors, services
 from admission.core import merge_tallies
@@ -43,6 +48,8 @@ from admission.models import (
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "Bound",
@@ -570,55 +577,130 @@ def compare_tallies(
     return bounds
 
 
+# Comparisons are read incrementally: rows older than COMPARISON_SETTLE (every transaction that
+# writes one has committed by then) are folded once into a checkpoint kept in the cache, so each
+# page load reads only the rows after it. The plotted series keeps about SERIES_POINTS points.
+COMPARISON_SETTLE = dt.timedelta(seconds=60)
+COMPARISON_KEPT_SECONDS = 7 * 86_400
+SERIES_POINTS = 400
+
+# Reads a window's rows in time order: (from, before) -> rows; None is an open end.
+RowsBetween = Callable[[dt.datetime | None, dt.datetime | None], Iterable[Any]]
+FoldRows = Callable[[dict[str, Any], Iterable[Any]], dict[str, Any]]
+
+
+def _thin(series: list[Any]) -> list[Any]:
+    if len(series) <= 2 * SERIES_POINTS:
+        return series
+    thinned = series[::2]
+    if thinned[-1] != series[-1]:
+        thinned.append(series[-1])
+    return thinned
+
+
+def _folded(key: str, rows_between: RowsBetween, fold: FoldRows, empty: dict[str, Any]) -> Any:
+    """`fold` over every row: the settled ones from the kept checkpoint, the rest read now."""
+    cache_key = f"comparison:{key}"
+    try:
+        state = cache.get(cache_key) or copy.deepcopy(empty)
+    except Exception:
+        # Without the cache the comparison is read whole, as it would be the first time.
+        logger.warning("comparison checkpoint %s unreadable; reading every row", key)
+        state = copy.deepcopy(empty)
+    cutoff = timezone.now() - COMPARISON_SETTLE
+    until = dt.datetime.fromisoformat(state["until"]) if state.get("until") else None
+    if until is None or until < cutoff:
+        state = fold(state, rows_between(until, cutoff))
+        state["until"] = cutoff.isoformat()
+        state["series"] = _thin(state["series"])
+        try:
+            cache.set(cache_key, state, COMPARISON_KEPT_SECONDS)
+        except Exception:
+            logger.warning("comparison checkpoint %s not kept", key)
+        until = cutoff
+    return fold(copy.deepcopy(state), rows_between(until, None))
+
+
+def _fold_observations(state: dict[str, Any], rows: Iterable[Any]) -> dict[str, Any]:
+    for active, shadow in rows:
+        state["requests"] += int(active.get("requests", 0))
+        state["rejected"][0] += _rejected(active)
+        state["rejected"][1] += _rejected(shadow)
+        state["series"].append((state["requests"], *state["rejected"]))
+        state["count"] += 1
+        state["active"] = merge_tallies([state["active"], active])
+        state["shadow"] = merge_tallies([state["shadow"], shadow])
+    return state
+
+
 def shadow_comparison(*, session: RolloutEvent) -> Comparison:
     """Active against shadow over the shadow's window, from its observations."""
-    rows = list(
-        ShadowObservation.objects.filter(session=session)
-        .order_by("id")
-        .values_list("active", "shadow")
-    )
-    series: list[tuple[int, int, int]] = []
-    requests = rejected_a = rejected_s = 0
-    for active, shadow in rows:
-        requests += int(active.get("requests", 0))
-        rejected_a += _rejected(active)
-        rejected_s += _rejected(shadow)
-        series.append((requests, rejected_a, rejected_s))
-    active_total = merge_tallies(row[0] for row in rows)
-    shadow_total = merge_tallies(row[1] for row in rows)
+
+    def rows_between(since: dt.datetime | None, before: dt.datetime | None) -> Iterable[Any]:
+        rows = ShadowObservation.objects.filter(session=session)
+        if since is not None:
+            rows = rows.filter(at__gte=since)
+        if before is not None:
+            rows = rows.filter(at__lt=before)
+        return rows.order_by("at", "id").values_list("active", "shadow").iterator(chunk_size=500)
+
+    empty = {
+        "count": 0,
+        "requests": 0,
+        "rejected": [0, 0],
+        "series": [],
+        "active": merge_tallies([]),
+        "shadow": merge_tallies([]),
+    }
+    key = f"shadow:{session.pk}:{session.at.timestamp()}"
+    state = _folded(key, rows_between, _fold_observations, empty)
     return Comparison(
-        active=active_total,
-        shadow=shadow_total,
-        bounds=compare_tallies(active_total, shadow_total),
-        observations=len(rows),
-        series=series,
+        active=state["active"],
+        shadow=state["shadow"],
+        bounds=compare_tallies(state["active"], state["shadow"]),
+        observations=state["count"],
+        series=[tuple(point) for point in _thin(state["series"])],
     )
 
 
-def canary_runs_comparison(
-    *, canary: RolloutEvent, runs: Iterable[tuple[str | None, Sequence[Mapping[str, Any]]]]
-) -> Comparison:
-    """Current version against canary, from the (profile version, attempts) of the runs that
-    started while the canary ran; the caller reads the runs (they are the evaluator's rows)."""
+def canary_runs_comparison(*, canary: RolloutEvent, runs_between: RowsBetween) -> Comparison:
+    """Current version against canary, from the runs that started while the canary ran.
+
+    `runs_between(from, before)` gives the (profile version, attempts) of those runs that
+    finished in that window, in finishing order (they are the evaluator's rows).
+    """
     from admission.core import Tally
 
     label = _label(canary)
-    sides = {"current": Tally(), "canary": Tally()}
-    counted = 0
-    series: list[tuple[int, int, int]] = []
-    for profile_version, attempts in runs:
-        side = sides["canary" if profile_version == label else "current"]
-        counted += 1
-        _tally_attempts(side, attempts)
-        rejected = [sum(sides[name].rejected.values()) for name in ("current", "canary")]
-        series.append((counted, rejected[0], rejected[1]))
-    current, trial = sides["current"].to_dict(), sides["canary"].to_dict()
+
+    def fold(state: dict[str, Any], runs: Iterable[Any]) -> dict[str, Any]:
+        for profile_version, attempts in runs:
+            side = "canary" if profile_version == label else "current"
+            tally = Tally()
+            _tally_attempts(tally, attempts or [])
+            state[side] = merge_tallies([state[side], tally.to_dict()])
+            state["count"] += 1
+            rejected = [_rejected(state[name]) for name in ("current", "canary")]
+            state["series"].append((state["count"], *rejected))
+        return state
+
+    empty = {
+        "count": 0,
+        "series": [],
+        "current": merge_tallies([]),
+        "canary": merge_tallies([]),
+    }
+    closing = canary.closings.order_by("id").first()
+    # A canary that closes counts a window of its own: its checkpoint starts again once.
+    key = f"canary:{canary.pk}:{canary.at.timestamp()}:{closing.pk if closing else 'open'}"
+    state = _folded(key, runs_between, fold, empty)
+    current, trial = state["current"], state["canary"]
     return Comparison(
         active=current,
         shadow=trial,
         bounds=compare_tallies(current, trial, other="canary", base="the current version"),
-        observations=counted,
-        series=series,
+        observations=state["count"],
+        series=[tuple(point) for point in _thin(state["series"])],
         series_unit="runs",
     )
 

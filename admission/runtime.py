@@ -82,6 +82,26 @@ def shared_state_observer() -> RedisCoordinator | None:
 
 
 _registry_factory: Callable[[], AdmissionRegistry] = build_registry
+# Called with each registry this process builds (the live figures' tally attaches to it).
+_built_hooks: list[Callable[[AdmissionRegistry], None]] = []
+
+
+def on_registry_built(callback: Callable[[AdmissionRegistry], None]) -> Callable[[], None]:
+    """Call `callback(registry)` whenever `get_registry` builds a registry; returns a function
+    that stops it."""
+    _built_hooks.append(callback)
+
+    def forget() -> None:
+        if callback in _built_hooks:
+            _built_hooks.remove(callback)
+
+    return forget
+
+
+def applied_workspaces() -> list[str]:
+    """Keys of the workspaces whose ledger this process's registry has replayed."""
+    with _lock:
+        return list(_applied)
 
 
 def profile_from_version(version: ProfileVersion) -> Profile:
@@ -98,6 +118,8 @@ def get_registry() -> AdmissionRegistry:
             _applied.clear()
             _replay(registry, workspace_key=None)
             _registry = registry
+            for hook in list(_built_hooks):
+                hook(registry)
         return _registry
 
 

@@ -10,9 +10,11 @@ can turn them into a form error, a 400, or a CommandError.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -26,6 +28,7 @@ from admission.models import (
     RollbackRequest,
     Workspace,
 )
+from admission.profile_problems import InvalidProfileDocument, profile_problems
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
@@ -64,6 +67,7 @@ __all__ = [
     "ProfileActivationConflict",
     "ProfileApprovalError",
     "ProfileNotApproved",
+    "ProfilePendingLimit",
     "ProfileServiceError",
     "ProfileVersionConflict",
     "ProfileVersionDuplicate",
@@ -134,15 +138,60 @@ class RollbackRequestError(ProfileServiceError):
     """A rollback request cannot be created or decided as asked."""
 
 
+class ProfilePendingLimit(ProfileServiceError):
+    """The workspace already keeps the most versions awaiting a decision that it may."""
+
+    field = "document"
+    code = "conflict"
+
+
 def profile_document_check(workspace: Workspace, document: Any) -> Profile:
-    """Parse `document` with the core for `workspace`; raises `InvalidProfileError`."""
-    profile = Profile.from_dict(document, workspace_id=workspace.key)
+    """Parse `document` with the core for `workspace`; raises `InvalidProfileError` (an
+    `InvalidProfileDocument` listing every problem of the document when the core refuses it).
+
+    The deployment's caps come first, so an oversized document is refused before it is parsed:
+    at most `SLUICE_MAX_PROFILE_BYTES` as compact JSON, at most `SLUICE_MAX_PROFILE_PRINCIPALS`
+    principals.
+    """
+    _check_document_size(document)
+    try:
+        profile = Profile.from_dict(document, workspace_id=workspace.key)
+    except InvalidProfileError:
+        # Every problem at once, so the author fixes the document in one go.
+        problems = profile_problems(document, workspace_id=workspace.key)
+        raise InvalidProfileDocument(problems) from None
     _refuse_nul(document, "")
     if len(profile.profile_version) > LABEL_MAX_LENGTH:
         raise InvalidProfileError(
             "profileVersion", f"must be at most {LABEL_MAX_LENGTH} characters here"
         )
     return profile
+
+
+def _check_document_size(document: Any) -> None:
+    if not isinstance(document, Mapping):
+        return  # the core names the problem
+    limit = settings.SLUICE_MAX_PROFILE_BYTES
+    try:
+        size = len(json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode())
+    except (TypeError, ValueError):
+        return  # not JSON at all: the core names the problem
+    except UnicodeEncodeError:
+        return  # a lone surrogate: the checks after parsing name it
+    if size > limit:
+        raise InvalidProfileError(
+            "profile",
+            f"is {size} bytes as compact JSON; this deployment keeps profiles of at most "
+            f"{limit} bytes (SLUICE_MAX_PROFILE_BYTES)",
+        )
+    principals = document.get("principals")
+    most = settings.SLUICE_MAX_PROFILE_PRINCIPALS
+    if isinstance(principals, Mapping | list) and len(principals) > most:
+        raise InvalidProfileError(
+            "principals",
+            f"names {len(principals)} principals; this deployment allows at most {most} per "
+            "profile (SLUICE_MAX_PROFILE_PRINCIPALS)",
+        )
 
 
 def _refuse_nul(value: Any, path: str) -> None:
@@ -176,6 +225,7 @@ def profile_version_propose(
         _refuse_existing(existing, profile)
     try:
         with transaction.atomic():
+            _check_pending_room(workspace)
             return ProfileVersion.objects.create(
                 workspace=workspace,
                 profile_version=profile.profile_version,
@@ -191,6 +241,19 @@ def profile_version_propose(
             raise
         _refuse_existing(existing, profile)
         raise
+
+
+def _check_pending_room(workspace: Workspace) -> None:
+    # The workspace row's lock makes the count and the insert one step for concurrent proposals.
+    Workspace.objects.select_for_update().filter(pk=workspace.pk).exists()
+    pending = ProfileVersion.objects.filter(workspace=workspace, approvals__isnull=True).count()
+    limit = settings.SLUICE_MAX_PENDING_VERSIONS
+    if pending >= limit:
+        raise ProfilePendingLimit(
+            f"workspace {workspace.key!r} already has {pending} versions awaiting approval, the "
+            f"most this deployment keeps (SLUICE_MAX_PENDING_VERSIONS); approve or reject some "
+            "first"
+        )
 
 
 def _refuse_existing(existing: ProfileVersion, profile: Profile) -> None:

@@ -2,7 +2,7 @@
 
 Tokens are django-rest-knox tokens: shown once, stored as a SHA-512 digest, valid for
 `SLUICE_TOKEN_TTL_HOURS`. Wrong passwords count toward the sign-in lockout (django-axes) like
-the admin's; superusers can also issue and revoke tokens in the admin.
+the admin's. Superusers revoke tokens in the admin; nobody issues one there.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def _stop_listener(**_: Any) -> None:
 @worker_ready.connect
 def _start_runner(**_: Any) -> None:
     # The worker's own process claims and runs evaluations (evaluator/runner.py); the thread
-    # pool only carries doorbells and load runs into it.
+    # pool only carries doorbells into it.
     from evaluator.dispatch import WorkerRefused
     from evaluator.runner import start_runner
 

@@ -313,7 +313,7 @@ def _add_web_command(commands: Any) -> None:
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
     """The Celery worker's command line that `worker` runs (and `run` starts for the demo)."""
-    # One process: Celery's threads carry doorbells and load runs; its runner runs evaluations
+    # One process: Celery's threads carry doorbells; its runner runs evaluations and load runs
     # (SLUICE_WORKER_SLOTS at once) on one event loop (evaluator/runner.py).
     argv = ["worker", "--loglevel", args.loglevel, "--pool", "threads"]
     argv += ["--concurrency", str(args.concurrency)]
@@ -355,7 +355,7 @@ def _add_worker_commands(commands: Any) -> None:
         "--concurrency",
         type=int,
         default=concurrency,
-        help="Celery threads for doorbells and load runs (default SLUICE_WORKER_CONCURRENCY, "
+        help="Celery threads for doorbells (default SLUICE_WORKER_CONCURRENCY, "
         "4); evaluations run on the process's event loop, SLUICE_WORKER_SLOTS at once",
     )
     worker.add_argument(

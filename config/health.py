@@ -5,11 +5,18 @@ checks what a request needs: the database answers, every migration is applied, t
 answers and, when admission is coordinated in Redis (`SLUICE_ADMISSION_REDIS_URL`), Redis answers.
 It returns 200 when all pass and 503 otherwise, with each check's status in the JSON body. Both
 are answered by a middleware placed first, so a probe needs no allowed host, session or CSRF.
+
+`/readyz` is open to anyone, so it is cheap: its answer is kept for
+`SLUICE_READYZ_CACHE_SECONDS` (1 s) per process, the migration graph is read from disk once per
+process (after every migration was found applied, later probes only count the applied rows), and
+one client address gets at most `SLUICE_READYZ_PER_SECOND` (10) answers a second per process,
+then a 429 with `Retry-After: 1`.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +25,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.recorder import MigrationRecorder
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 __all__ = ["FAILING", "OK", "SKIPPED", "Check", "HealthCheckMiddleware", "liveness", "readiness"]
@@ -74,11 +82,25 @@ class MigrationsPending(NotReady):
     """Some migration on disk is not applied to the database."""
 
 
+# How many migration rows the database held when every migration on disk was found applied.
+_migrated_rows: int | None = None
+
+
 def _migrations() -> None:
+    global _migrated_rows
     connection = connections[DEFAULT_DB_ALIAS]
     try:
+        if _migrated_rows is not None:
+            # Building the graph reads every migration file; once all were applied, a count of
+            # the applied rows tells whether that still holds.
+            rows = MigrationRecorder(connection).migration_qs.count()
+            if rows >= _migrated_rows:
+                return
+            _migrated_rows = None
         executor = MigrationExecutor(connection)
         plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+        if not plan:
+            _migrated_rows = MigrationRecorder(connection).migration_qs.count()
     except Exception:
         connection.close()
         raise
@@ -148,13 +170,70 @@ def liveness() -> dict[str, Any]:
     return {"status": "ok", "pid": os.getpid()}
 
 
+class _KeptAnswer:
+    """The last `/readyz` answer of this process and when it was made."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.at = float("-inf")
+        self.body: dict[str, Any] = {}
+        self.status = 503
+
+    def clear(self) -> None:
+        with self.lock:
+            self.at = float("-inf")
+
+
+_kept = _KeptAnswer()
+
+
 def _readyz_response() -> JsonResponse:
-    ready, checks = readiness()
-    body = {
-        "status": "ready" if ready else "unavailable",
-        "checks": {check.name: check.as_dict() for check in checks},
-    }
-    return JsonResponse(body, status=200 if ready else 503)
+    # One probe at a time runs the checks; the others share its answer while it is fresh.
+    with _kept.lock:
+        now = time.monotonic()
+        if now - _kept.at >= float(settings.SLUICE_READYZ_CACHE_SECONDS):
+            ready, checks = readiness()
+            _kept.body = {
+                "status": "ready" if ready else "unavailable",
+                "checks": {check.name: check.as_dict() for check in checks},
+            }
+            _kept.status = 200 if ready else 503
+            _kept.at = time.monotonic()
+        return JsonResponse(_kept.body, status=_kept.status)
+
+
+class _PerAddressRate:
+    """At most `SLUICE_READYZ_PER_SECOND` answers per client address per second, per process."""
+
+    _MOST_ADDRESSES = 10_000
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.second = 0
+        self.counts: dict[str, int] = {}
+
+    def allow(self, address: str) -> bool:
+        with self.lock:
+            second = int(self.clock())
+            if second != self.second or len(self.counts) >= self._MOST_ADDRESSES:
+                self.second = second
+                self.counts.clear()
+            count = self.counts.get(address, 0) + 1
+            self.counts[address] = count
+            return count <= int(settings.SLUICE_READYZ_PER_SECOND)
+
+
+_readyz_rate = _PerAddressRate()
+
+
+def _throttled() -> JsonResponse:
+    refused = JsonResponse(
+        {"error": {"type": "throttled", "detail": "Too many readiness probes; retry shortly."}},
+        status=429,
+    )
+    refused["Retry-After"] = "1"
+    return refused
 
 
 _ENDPOINTS: dict[str, Callable[[], HttpResponse]] = {
@@ -177,6 +256,11 @@ class HealthCheckMiddleware:
             refused = JsonResponse({"error": {"type": "method_not_allowed"}}, status=405)
             refused["Allow"] = "GET, HEAD"
             return refused
-        response = endpoint()
+        if endpoint is _readyz_response and not _readyz_rate.allow(
+            str(request.META.get("REMOTE_ADDR", ""))
+        ):
+            response: HttpResponse = _throttled()
+        else:
+            response = endpoint()
         response["Cache-Control"] = "no-store"
         return response

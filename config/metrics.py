@@ -1,7 +1,8 @@
 """`/metrics`: the deployment's state in the Prometheus text format, for a scraper.
 
 Every figure is the deployment's, not the answering process's: admission comes from the shared
-state in Redis (`admission.operations`, one read per workspace with an active profile), runs
+state in Redis (`admission.operations`, one read per workspace with an active profile), or,
+with admission kept in one worker process, from the figures that worker publishes; runs
 from the database, dependencies from the same checks `/readyz` makes. Labels come from fixed
 vocabularies plus provider (adapter) ids: no principal, workspace, run or invocation id appears
 in any series. Admission figures are summed over workspaces.
@@ -174,11 +175,14 @@ def _workspaces(views: list[operations.WorkspaceView]) -> Iterator[Metric]:
             processes = observer.live_processes_sync()
         except CoordinationUnavailable:
             return
-        yield GaugeMetricFamily(
-            "sluice_admission_processes",
-            "Worker processes holding a live lease on the shared admission state",
-            value=processes,
-        )
+    else:
+        processes = max((view.publishers for view in views), default=0)
+    yield GaugeMetricFamily(
+        "sluice_admission_processes",
+        "Worker processes that admit: holding a live lease on the shared state in Redis, or "
+        "(admission in one process) publishing its figures",
+        value=processes,
+    )
 
 
 def _runs() -> Iterator[Metric]:

@@ -6,6 +6,7 @@ import datetime as dt
 import os
 from pathlib import Path
 
+from config.csp import DEFAULT_POLICY
 from config.env import (
     SettingsError,
     cache_from_url,
@@ -49,6 +50,8 @@ SESSION_COOKIE_AGE = env_int("SLUICE_SESSION_SECONDS", 8 * 3600, minimum=60)
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
+# Scripts from this origin only (config/csp.py); the variable replaces the whole policy.
+SLUICE_CONTENT_SECURITY_POLICY = env_str("SLUICE_CONTENT_SECURITY_POLICY", "") or DEFAULT_POLICY
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -70,6 +73,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.csp.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -156,8 +160,11 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SLUICE_MAX_REQUEST_BYTES", 1_048_576, min
 SLUICE_MAX_JSON_DEPTH = env_int("SLUICE_MAX_JSON_DEPTH", 64, minimum=4)
 # Approvals, rejections, cancels, load-run starts, token requests: a comment and a few names.
 SLUICE_MAX_ACTION_REQUEST_BYTES = env_int("SLUICE_MAX_ACTION_REQUEST_BYTES", 65_536, minimum=1024)
-# A proposed profile document (canonical JSON).
+# A proposed profile document: its size as compact JSON and the principals it names; and the
+# versions one workspace may keep awaiting approval or rejection.
 SLUICE_MAX_PROFILE_BYTES = env_int("SLUICE_MAX_PROFILE_BYTES", 262_144, minimum=1024)
+SLUICE_MAX_PROFILE_PRINCIPALS = env_int("SLUICE_MAX_PROFILE_PRINCIPALS", 1000, minimum=1)
+SLUICE_MAX_PENDING_VERSIONS = env_int("SLUICE_MAX_PENDING_VERSIONS", 20, minimum=1)
 # A profile proposal's body: the document as sent (indented, escaped) plus its envelope.
 SLUICE_MAX_PROFILE_REQUEST_BYTES = 2 * SLUICE_MAX_PROFILE_BYTES + 65_536
 # An evaluation's body (ruleset and input) may use the whole SLUICE_MAX_REQUEST_BYTES.
@@ -267,7 +274,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
-# A worker is one process: Celery's thread pool takes the doorbells (and load runs), and one
+# A worker is one process: Celery's thread pool takes the doorbells, and one
 # event loop in that process runs its evaluations (evaluator/runner.py, docs/running.md).
 CELERY_WORKER_POOL = "threads"
 
@@ -279,6 +286,12 @@ SLUICE_WORKER_SLOTS = env_int("SLUICE_WORKER_SLOTS", 64, minimum=1)
 SLUICE_WORKER_DB_THREADS = env_int("SLUICE_WORKER_DB_THREADS", 8, minimum=1)
 # Evaluations of one workspace running at once across the whole deployment:
 SLUICE_WORKSPACE_RUNS_IN_FLIGHT = env_int("SLUICE_WORKSPACE_RUNS_IN_FLIGHT", 16, minimum=1)
+# Load runs (and what-if runs) one worker process runs at once, each in a thread of its own:
+SLUICE_WORKER_LOAD_SLOTS = env_int("SLUICE_WORKER_LOAD_SLOTS", 2, minimum=1)
+# Load runs of one workspace running at once across the whole deployment, and how many may
+# wait queued (more are refused, whichever interface submits them):
+SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT = env_int("SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT", 1, minimum=1)
+SLUICE_WORKSPACE_LOAD_RUNS_QUEUED = env_int("SLUICE_WORKSPACE_LOAD_RUNS_QUEUED", 50, minimum=1)
 
 
 def _seconds(name: str, default: float, *, minimum: float = 0.0, exclusive: bool = False) -> float:
@@ -296,6 +309,9 @@ SLUICE_RUN_STALE_SECONDS = _seconds("SLUICE_RUN_STALE_SECONDS", 30.0, minimum=1.
 SLUICE_WORKER_DRAIN_SECONDS = _seconds("SLUICE_WORKER_DRAIN_SECONDS", 8.0)
 # Tests only: while this file exists, a committed run's doorbell waits (evaluator/services.py).
 SLUICE_TEST_HOLD_PUBLISH = env_str("SLUICE_TEST_HOLD_PUBLISH", "")
+# Tests only: while this file exists, a running load run holds still after its first progress
+# report (evaluator/load_runs.py), so a test can kill or cancel it mid-run.
+SLUICE_TEST_HOLD_LOAD_RUN = env_str("SLUICE_TEST_HOLD_LOAD_RUN", "")
 if SLUICE_RUN_STALE_SECONDS < 3 * SLUICE_RUN_HEARTBEAT_SECONDS:
     raise SettingsError(
         "SLUICE_RUN_STALE_SECONDS must be at least three SLUICE_RUN_HEARTBEAT_SECONDS"
@@ -318,6 +334,13 @@ SLUICE_ADMISSION_ON_REDIS_FAILURE = env_choice(
 SLUICE_ADMISSION_EXPECTED_WORKERS = env_int("SLUICE_ADMISSION_EXPECTED_WORKERS", 1, minimum=1)
 SLUICE_ADMISSION_BUDGET_TTL_MS = env_int("SLUICE_ADMISSION_BUDGET_TTL_MS", 86_400_000, minimum=1)
 SLUICE_ADMISSION_IDLE_TTL_MS = env_int("SLUICE_ADMISSION_IDLE_TTL_MS", 3_600_000, minimum=1)
+# How long hourly usage aggregates (evaluator/usage.py) are kept, in days:
+SLUICE_USAGE_RETENTION_DAYS = env_int("SLUICE_USAGE_RETENTION_DAYS", 90, minimum=1)
+# With admission kept in one process, how often its worker publishes live figures for the
+# admin's Live admission page and /metrics (admission/live.py):
+SLUICE_ADMISSION_SNAPSHOT_SECONDS = _seconds(
+    "SLUICE_ADMISSION_SNAPSHOT_SECONDS", 5.0, minimum=0.05, exclusive=True
+)
 
 # Where staged-provider load runs send the manifest's calls (evaluator/deployment.py); unset, a
 # deployment offers no staged runs.
@@ -350,6 +373,10 @@ SLUICE_WEB_KEEPALIVE = env_int("SLUICE_WEB_KEEPALIVE", 5, minimum=0)
 
 # /readyz: how long one dependency (broker, Redis) may take to answer before it counts as down.
 SLUICE_HEALTH_TIMEOUT_SECONDS = env_int("SLUICE_HEALTH_TIMEOUT_SECONDS", 2, minimum=1)
+# /readyz is open to all: its answer is kept this long per process, and one client address gets
+# at most this many answers a second (then 429).
+SLUICE_READYZ_CACHE_SECONDS = _seconds("SLUICE_READYZ_CACHE_SECONDS", 1.0)
+SLUICE_READYZ_PER_SECOND = env_int("SLUICE_READYZ_PER_SECOND", 10, minimum=1)
 
 # /metrics (config/metrics.py): answered to a request that carries `Authorization: Bearer
 # <SLUICE_METRICS_TOKEN>` or comes from an address in SLUICE_METRICS_ALLOW_FROM; with neither set
@@ -406,3 +433,7 @@ SLUICE_CANCEL_CHECK_SECONDS = env_float(
     "SLUICE_CANCEL_CHECK_SECONDS", 1.0, minimum=0.0, exclusive=True
 )
 SLUICE_MAX_DECISIONS = env_int("SLUICE_MAX_DECISIONS", 1000, minimum=1)
+# The most characters one decision's rendered prompt may hold (its placeholders filled from the
+# input): the provider's context window in characters. Above it a submission is refused with a
+# 400 naming the prompt; a run that meets it anyway records a `prompt-too-large` attempt.
+SLUICE_MAX_PROMPT_CHARS = env_int("SLUICE_MAX_PROMPT_CHARS", 512_000, minimum=1)

@@ -1,8 +1,9 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from admission.dashboard import dashboard_view
+from config import token_admin  # noqa: F401  (replaces the token library's admin)
 from config.api_tokens import TokenIssueView
 from config.document_schemas import EvaluationSchemaView, ProfileSchemaView
 
@@ -13,13 +14,16 @@ urlpatterns = [
     ),
     path("admin/", admin.site.urls),
     path("runbooks/", include("admission.urls")),
-    path("api/", include("admission.api.urls")),
+    # The evaluator's routes first: its what-if route lies under a profile's, whose label may
+    # hold "/" and would otherwise swallow it.
     path("api/", include("evaluator.api.urls")),
+    path("api/", include("admission.api.urls")),
     path("api/auth/token/", TokenIssueView.as_view(), name="api-token"),
     path("api/schemas/profile.json", ProfileSchemaView.as_view(), name="profile-schema"),
     path("api/schemas/evaluation.json", EvaluationSchemaView.as_view(), name="evaluation-schema"),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    # The split view serves Swagger UI's start-up script as a file: the page needs no inline script.
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="api-docs"),
 ]
 
 # Under /api/ these answer the API's typed JSON error; elsewhere Django's plain pages.

@@ -26,9 +26,10 @@ from admission.admin import (
     WorkspaceScopedAdminMixin,
     json_block,
 )
-from evaluator import cancellation, selectors, services
+from evaluator import cancellation, load_runs, selectors, services
+from evaluator.engine.receipts import pending_slots
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
-from evaluator.load_charts import load_run_glance
+from evaluator.load_charts import load_run_bounds, load_run_glance
 from evaluator.models import EvaluationRun, LoadRun, Receipt
 
 
@@ -205,13 +206,25 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
             counts = ", ".join(f"{count} {status}" for status, count in progress.outcomes.items())
             parts[0] += f" ({counts})"
         parts.append(f"{len(progress.attempts)} attempts")
-        flight = progress.in_flight
-        if flight is not None:
-            evidence = flight.get("evidence") or {}
+        if progress.refusals:
+            counts = ", ".join(f"{n} {reason}" for reason, n in progress.refusals.items())
+            parts.append(f"admission refusals: {counts}")
+        outage = progress.outage
+        if outage is not None:
             parts.append(
-                f"in flight: {flight['decisionId']} on {flight['adapterId']} "
-                f"#{flight['number']} (admission: {evidence.get('decision', '—')})"
+                f"outage: {outage['decisionsDelayed']} decisions waited "
+                f"{outage['waitedMs'] / 1000:.1f} s for admission, "
+                f"{outage['decisionsUnanswered']} ended unanswered"
             )
+        if progress.in_flight:
+            calls = ", ".join(
+                f"{flight['decisionId']} on {flight['adapterId']} #{flight['number']} "
+                f"(admission: {(flight.get('evidence') or {}).get('decision', '—')})"
+                for flight in progress.in_flight
+            )
+            parts.append(f"{len(progress.in_flight)} in flight: {calls}")
+        if progress.max_in_flight:
+            parts.append(f"at most {progress.max_in_flight} in flight at once")
         return " · ".join(parts)
 
     @admin.display(description="result")
@@ -329,13 +342,62 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
         "finished_at",
         "updated_at",
         "duration",
+        "load_progress",
+        "cancel_requested_at",
+        "cancel_requested_by",
         "error_pretty",
         "comparisons",
         "record_pretty",
     )
     fields = readonly_fields
-    actions = ("run_again",)
+    actions = ("run_again", "cancel_load_runs")
     add_act = access.RUN_LOAD
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        """An unfinished load run's page offers a button that runs the cancel action on it."""
+        context = dict(extra_context or {})
+        run = self.get_object(request, unquote(object_id))
+        if (
+            run is not None
+            and not run.finished
+            and load_runs.may_cancel_load_run(request.user, run)
+        ):
+            context["cancel_action"] = "cancel_load_runs"
+        return super().change_view(request, object_id, form_url, context)
+
+    @admin.display(description="progress")
+    def load_progress(self, obj: LoadRun) -> str:
+        if obj.progress is None:
+            return "-"
+        return f"{obj.progress:.0%}"
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        # Proposers cancel their own what-if runs; the service decides per run.
+        return access.workspaces_for(request.user, access.PROPOSE).exists()
+
+    @admin.action(description="Cancel the selected load runs", permissions=["cancel"])
+    def cancel_load_runs(self, request: HttpRequest, queryset: QuerySet[LoadRun]) -> None:
+        for run in queryset.select_related("workspace"):
+            try:
+                done = load_runs.load_run_cancel(run, request.user)
+            except services.RunServiceError as error:
+                self.message_user(request, f"{run}: {error}", messages.ERROR)
+                continue
+            self.log_change(request, done, "Cancel requested.")
+            if done.finished:
+                self.message_user(request, f"Cancelled {done}.", messages.SUCCESS)
+            else:
+                self.message_user(
+                    request,
+                    f"Cancel requested for {done}; its worker stops it within seconds.",
+                    messages.SUCCESS,
+                )
 
     def render_change_form(
         self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
@@ -352,12 +414,12 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="bounds")
     def comparisons(self, obj: LoadRun) -> SafeString | str:
-        items = (obj.record or {}).get("comparisons") or []
+        # Rounded for reading; the record below keeps every figure whole.
         return _table(
             ("bound", "observed", "limit", ""),
             (
-                (c["bound"], c["observed"], c["limit"], "pass" if c["pass"] else "FAIL")
-                for c in items
+                (row.bound, row.observed, row.limit, "pass" if row.passed else "FAIL")
+                for row in load_run_bounds(obj.record)
             ),
         )
 
@@ -377,8 +439,6 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
                         form.cleaned_data["manifest"],
                         form.cleaned_data["target"],
                     )
-                except services.BrokerUnavailable as error:
-                    form.add_error(None, str(error))
                 except services.RunServiceError as error:
                     form.add_error(error.field if error.field in form.fields else None, str(error))
                 else:
@@ -419,6 +479,7 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         "state",
         "revision",
         "pending_dispatch",
+        "calls_in_flight",
         "updated_at",
     )
     list_filter = ("state", "pending_dispatch")
@@ -433,6 +494,7 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         "state",
         "revision",
         "pending_dispatch",
+        "calls_in_flight",
         "created_at",
         "updated_at",
         "document_pretty",
@@ -444,6 +506,12 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         visible = access.workspaces_for(request.user, access.VIEW).values("key")
         return queryset.filter(workspace_id__in=visible)
 
-    @admin.display(description="receipt v2")
+    @admin.display(description="calls in flight (most at once)")
+    def calls_in_flight(self, obj: Receipt) -> str:
+        most = obj.document.get("maxPendingDispatches")
+        now = len(pending_slots(obj.document))
+        return f"{now} ({most})" if most is not None else str(now)
+
+    @admin.display(description="receipt document")
     def document_pretty(self, obj: Receipt) -> SafeString:
         return _pretty(obj.document)

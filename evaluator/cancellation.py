@@ -18,11 +18,11 @@ import logging
 from typing import Any
 
 from django.db import transaction
-from django.utils import timezone
 
 from admission import access
+from evaluator import server_clock
 from evaluator.engine.outcomes import CANCELLED, EXECUTION_UNCERTAIN
-from evaluator.engine.receipts import DISPATCH_UNCONFIRMED, RUNNING
+from evaluator.engine.receipts import RUNNING, pending_slots, unconfirmed_attempt, upgraded_document
 from evaluator.models import EvaluationRun, Receipt
 from evaluator.services import RunServiceError
 
@@ -84,7 +84,7 @@ def evaluation_run_cancel(run: EvaluationRun, user: Any) -> EvaluationRun:
             raise RunAlreadyFinished(
                 f"the run already ended ({locked.status})", status=locked.status
             )
-        now = timezone.now()
+        now = server_clock.now()
         fields = ["updated_at"]
         if locked.cancel_requested_at is None:
             locked.cancel_requested_at = now
@@ -126,12 +126,13 @@ def _cancelled_before_start(run: EvaluationRun) -> tuple[dict[str, Any], list[di
         .first()
     )
     if receipt is not None and receipt.state == RUNNING:
-        document = receipt.document
+        # A receipt left by the previous schema is closed as v3, like any resumed run's.
+        document = upgraded_document(receipt.document)
         entries = [dict(entry) for entry in document["decisions"]]
-        pending = document.get("pendingDispatch")
-        if pending is not None:
-            entry = entries[pending["decisionIndex"]]
-            entry["attempts"] = [*entry["attempts"], _unconfirmed(pending)]
+        for slot in pending_slots(document):
+            # Every call that may have gone out stays what it is: sent, outcome unknown.
+            entry = entries[slot["decisionIndex"]]
+            entry["attempts"] = [*entry["attempts"], unconfirmed_attempt(slot).to_dict()]
             entry["status"] = EXECUTION_UNCERTAIN
         for entry in entries:
             if entry["status"] is None:
@@ -139,11 +140,12 @@ def _cancelled_before_start(run: EvaluationRun) -> tuple[dict[str, Any], list[di
         receipt.document = {
             **document,
             "decisions": entries,
-            "pendingDispatch": None,
+            "pendingDispatches": [],
             "state": CANCELLED,
             "revision": document["revision"] + 1,
-            "updatedAtEpochMs": timezone.now().timestamp() * 1000,
+            "updatedAtEpochMs": server_clock.now().timestamp() * 1000,
         }
+        receipt.schema = document["schema"]
         receipt.state = CANCELLED
         receipt.revision = receipt.document["revision"]
         receipt.pending_dispatch = False
@@ -172,22 +174,3 @@ def _cancelled_before_start(run: EvaluationRun) -> tuple[dict[str, Any], list[di
         "succeeded": False,
     }
     return result, attempts
-
-
-def _unconfirmed(slot: dict[str, Any]) -> dict[str, Any]:
-    """The attempt a pending-dispatch slot stands for: sent, outcome unknown."""
-    attempt = {
-        "targetIndex": slot["targetIndex"],
-        "adapterId": slot["adapterId"],
-        "model": slot["model"],
-        "number": slot["number"],
-        "sent": True,
-        "outcome": EXECUTION_UNCERTAIN,
-        "reason": DISPATCH_UNCONFIRMED,
-        "retryable": False,
-        "startedMs": slot.get("startedMs", 0.0),
-        "endedMs": slot.get("startedMs", 0.0),
-    }
-    if slot.get("evidence") is not None:
-        attempt["evidence"] = slot["evidence"]
-    return attempt

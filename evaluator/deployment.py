@@ -7,7 +7,8 @@ to `{"kind": "fake", "latencyMs": 20, "error": null, "callLog": null}` or
 the admission provider id, so it must match a provider of the workspace's profile. The default
 is one fake adapter, `fake`, so the embedded demo needs no provider. An `openai-chat` adapter may
 document its provider's capacity, `"capacity": {"concurrency": 8, "requestsPerMinute": 600}`,
-which staged-provider load runs stay below.
+which each staged-provider load run's ceilings stay below, and which all the deployment's staged
+runs together never exceed in calls at once (evaluator/staged_capacity.py).
 
 `SLUICE_WORKSPACE_ADAPTERS` (likewise) maps a workspace key to adapters of that workspace only,
 in the same form; an id there replaces the deployment-wide adapter of that id for that
@@ -39,6 +40,7 @@ from evaluator.engine.adapters import (
 )
 from evaluator.engine.parsing import ENV_NAME
 from evaluator.harness.staged_target import Capacity, StagedEndpoint
+from evaluator.staged_capacity import LeasedAdapter, deployment_slots
 
 STAGED_SETTING = "SLUICE_STAGED_PROVIDER"
 DEFAULT_STAGED_WINDOW_SECONDS = 30
@@ -193,13 +195,18 @@ def staged_endpoints(provider_ids: list[str]) -> dict[str, StagedEndpoint]:
                 f"{STAGED_SETTING}.adapter: {adapter_id!r} is not an openai-chat adapter of "
                 "SLUICE_ADAPTERS; staged runs call a real endpoint"
             )
+        capacity = _capacity(adapter_id, spec)
         if adapter_id not in adapters:
-            adapters[adapter_id] = _build(adapter_id, spec)
+            adapter = _build(adapter_id, spec)
+            if capacity is not None:
+                # Every staged run of the deployment shares the endpoint's documented capacity.
+                adapter = LeasedAdapter(adapter, deployment_slots(adapter_id, capacity.concurrency))
+            adapters[adapter_id] = adapter
         endpoints[provider_id] = StagedEndpoint(
             adapter_id=adapter_id,
             adapter=adapters[adapter_id],
             model=str(staged["model"]),
-            capacity=_capacity(adapter_id, spec),
+            capacity=capacity,
         )
     return endpoints
 

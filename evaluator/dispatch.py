@@ -30,12 +30,13 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Min, Q
-from django.utils import timezone
 
+from evaluator import server_clock
 from evaluator.models import EvaluationRun, WorkerProcess
 
 __all__ = [
     "WorkerRefused",
+    "gone_workers",
     "process_start_ticks",
     "run_release",
     "runs_claim",
@@ -86,9 +87,10 @@ def _gone(worker: WorkerProcess) -> bool:
 def worker_register(worker_id: str, *, coordinated: bool, slots: int) -> WorkerProcess:
     """Record this worker process; raises `WorkerRefused` when admission is kept in-process
     (not `coordinated`) on either side and another worker process is alive."""
-    stale = timezone.now() - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
     with transaction.atomic():
         _serialize()
+        now = server_clock.now()
+        stale = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
         live = [
             worker
             for worker in WorkerProcess.objects.filter(
@@ -112,12 +114,12 @@ def worker_register(worker_id: str, *, coordinated: bool, slots: int) -> WorkerP
             pid_started=process_start_ticks(pid),
             coordinated=coordinated,
             slots=slots,
-            heartbeat_at=timezone.now(),
+            heartbeat_at=now,
         )
 
 
 def worker_stopped(worker_id: str) -> None:
-    WorkerProcess.objects.filter(pk=worker_id).update(stopped_at=timezone.now())
+    WorkerProcess.objects.filter(pk=worker_id).update(stopped_at=server_clock.now())
 
 
 # -------------------------------------------------------------------------------- claims
@@ -172,7 +174,7 @@ def runs_claim(worker_id: str, limit: int) -> list[EvaluationRun]:
             if run is None:
                 del heads[group]
                 continue
-            now = timezone.now()
+            now = server_clock.now()
             run.status = RUNNING
             run.claimed_by = worker_id
             run.claim = uuid.uuid4()
@@ -206,7 +208,7 @@ def runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -> set
     """Beat for the worker and for its runs (run id → claim token); returns the ids of runs
     taken away from this worker (given back, or claimed again by another). A run this claim
     finished is not taken away: its coroutine is just about to return."""
-    now = timezone.now()
+    now = server_clock.now()
     WorkerProcess.objects.filter(pk=worker_id).update(heartbeat_at=now)
     if not claims:
         return set()
@@ -223,9 +225,22 @@ def runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -> set
 def run_release(run_id: uuid.UUID, token: uuid.UUID) -> bool:
     """Give a run this worker holds back to the backlog; False when it was not held any more."""
     updated = EvaluationRun.objects.filter(pk=run_id, claim=token, status=RUNNING).update(
-        status=QUEUED, claimed_by="", claim=None, heartbeat_at=None, updated_at=timezone.now()
+        status=QUEUED,
+        claimed_by="",
+        claim=None,
+        heartbeat_at=None,
+        updated_at=server_clock.now(),
     )
     return updated == 1
+
+
+def gone_workers() -> list[str]:
+    """Mark stopped every live-looking worker of this host whose process no longer exists;
+    returns their ids."""
+    gone = [w.id for w in WorkerProcess.objects.filter(stopped_at__isnull=True) if _gone(w)]
+    if gone:
+        WorkerProcess.objects.filter(pk__in=gone).update(stopped_at=server_clock.now())
+    return gone
 
 
 def runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
@@ -236,11 +251,9 @@ def runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
     an outage everyone shared is not mistaken for death) when the run's heartbeat is older than
     `SLUICE_RUN_STALE_SECONDS`.
     """
-    now = timezone.now()
+    now = server_clock.now()
     stale = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
-    gone = [w.id for w in WorkerProcess.objects.filter(stopped_at__isnull=True) if _gone(w)]
-    if gone:
-        WorkerProcess.objects.filter(pk__in=gone).update(stopped_at=now)
+    gone = gone_workers()
     lost = Q(claimed_by__in=gone)
     if trust_heartbeats:
         lost |= Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, updated_at__lt=stale)

@@ -9,7 +9,7 @@ from typing import Any
 from evaluator.charts import Bar, Reference, Series, SvgMarkup, bar_chart, line_chart
 from evaluator.harness.records import MODE_STAGED
 
-__all__ = ["Glance", "load_run_charts", "load_run_glance"]
+__all__ = ["BoundRow", "Glance", "load_run_bounds", "load_run_charts", "load_run_glance"]
 
 # The admin's content column at 1280 px leaves about 900 px: a chart and its numbers side by side.
 CHART_WIDTH = 600
@@ -192,3 +192,26 @@ def load_run_glance(
     )
     numbers = [capacity, fairness, (), outcomes] if len(charts) == 4 else [fairness, outcomes]
     return [Glance(chart, rows) for chart, rows in zip(charts, numbers, strict=True)]
+
+
+@dataclass(frozen=True, slots=True)
+class BoundRow:
+    """One bound of a record for reading: its figures rounded (the record keeps them whole)."""
+
+    bound: str
+    observed: str
+    limit: str
+    passed: bool
+
+
+def load_run_bounds(record: Mapping[str, Any] | None) -> list[BoundRow]:
+    """The record's bounds in its order, each observed value and limit rounded for reading."""
+    return [
+        BoundRow(
+            str(item.get("bound", "")),
+            _figure(item.get("observed")),
+            _figure(item.get("limit")),
+            bool(item.get("pass")),
+        )
+        for item in (record or {}).get("comparisons") or []
+    ]

@@ -154,6 +154,9 @@ class EvaluationRun(WorkerRun):
 class LoadRun(WorkerRun):
     """One run of a preregistered load manifest against a harness target, started by staff.
 
+    Like an evaluation run, the `queued` row is the queue entry: a worker claims it fairly across
+    workspaces, heartbeats it while it runs, and a run whose worker died is taken back.
+
     ``record`` is the digest-bound ``decision-load-result/v1`` record the harness produced and
     ``timeline`` the bounded series its page plots, kept beside the record, outside its digest. A
     what-if run names ``what_if_version``: the manifest's arrivals ran against that version's
@@ -165,9 +168,10 @@ class LoadRun(WorkerRun):
         QUEUED = "queued"
         RUNNING = "running"
         COMPLETED = "completed"
+        CANCELLED = "cancelled"
         FAILED = "failed"
 
-    TERMINAL = frozenset({"completed", "failed"})
+    TERMINAL = frozenset({"completed", "cancelled", "failed"})
 
     workspace = models.ForeignKey(
         "admission.Workspace", on_delete=models.PROTECT, related_name="load_runs"
@@ -187,10 +191,29 @@ class LoadRun(WorkerRun):
     )
     mapping = models.JSONField(null=True, blank=True)
     timeline = models.JSONField(null=True, blank=True)
+    # How far the harness got (0 to 1) while it runs, written by the process running it.
+    progress = models.FloatField(null=True, blank=True)
+    # Who runs it now, as for evaluation runs (evaluator/load_dispatch.py): the claimant, a fresh
+    # token per claim that every later write must match, and the claimant's last heartbeat.
+    claimed_by = models.CharField(max_length=160, blank=True)
+    claim = models.UUIDField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="+",
+        null=True,
+        blank=True,
+    )
 
     class Meta(WorkerRun.Meta):
         indexes = [
             models.Index(fields=["workspace", "-created_at", "-id"], name="evaluator_loadrun_ws"),
+            # The dispatcher's fair pick: the oldest queued load run of each workspace.
+            models.Index(
+                fields=["status", "workspace", "created_at"], name="evaluator_loadrun_backlog"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -223,3 +246,43 @@ class WorkerProcess(models.Model):
 
     def __str__(self) -> str:
         return f"worker {self.id}"
+
+
+class UsageHour(models.Model):
+    """What one principal's evaluations used of one provider in one workspace during one hour
+    (evaluator/usage.py): calls sent, the actual tokens and cost reconciled with admission,
+    admission decisions and queue delay. A run counts in the hour it finished. Principal ids
+    appear here and in the workspace's own access-controlled pages, never in metrics."""
+
+    workspace = models.ForeignKey(
+        "admission.Workspace", on_delete=models.CASCADE, related_name="usage_hours"
+    )
+    hour = models.DateTimeField()
+    provider_id = models.CharField(max_length=128)
+    principal_id = models.CharField(max_length=128)
+    runs = models.PositiveIntegerField(default=0)
+    calls = models.PositiveIntegerField(default=0)
+    tokens = models.BigIntegerField(default=0)
+    cost_usd = models.FloatField(default=0.0)
+    # Calls sent whose cost nobody knows (no price and no figure from the provider).
+    unpriced_calls = models.PositiveIntegerField(default=0)
+    admitted = models.PositiveIntegerField(default=0)
+    # Admitted after waiting in the admission queue (the reasons are on Live admission).
+    deferred = models.PositiveIntegerField(default=0)
+    refused = models.PositiveIntegerField(default=0)
+    refused_by_reason = models.JSONField(default=dict)
+    queue_delay_ms_sum = models.FloatField(default=0.0)
+    queue_delay_ms_max = models.FloatField(default=0.0)
+
+    class Meta:
+        ordering = ("hour", "provider_id", "principal_id")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "hour", "provider_id", "principal_id"],
+                name="evaluator_usage_hour_unique",
+            )
+        ]
+        indexes = [models.Index(fields=["workspace", "hour"], name="evaluator_usage_ws_hour")]
+
+    def __str__(self) -> str:
+        return f"usage {self.hour:%Y-%m-%d %H}h {self.provider_id}/{self.principal_id}"

@@ -28,6 +28,7 @@ from evaluator.harness.staged_target import (
     run_staged,
     staged_window_ms,
 )
+from evaluator.harness.target import Progress
 from evaluator.harness.what_if import WhatIfError, map_ids, run_what_if
 
 if TYPE_CHECKING:
@@ -125,9 +126,14 @@ def _endpoints(manifest: LoadManifest) -> dict[str, Any]:
     return staged_endpoints(sorted(manifest.section("providers")))
 
 
-def execute(run: LoadRun, keep_timeline: KeepTimeline | None = None) -> dict[str, Any]:
+def execute(
+    run: LoadRun,
+    keep_timeline: KeepTimeline | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Run the harness for ``run`` and return its record; ``keep_timeline`` receives the run's
-    timeline for its page.
+    timeline for its page, ``progress`` how far it got (an exception it raises stops the run
+    and comes out of here).
 
     Raises ``FileNotFoundError`` for a manifest that left ``manifests/``, ``LoadHarnessError``
     for a run the harness refuses and ``AdapterConfigError`` for a staged run whose deployment
@@ -140,10 +146,15 @@ def execute(run: LoadRun, keep_timeline: KeepTimeline | None = None) -> dict[str
             run.what_if_version.document,
             run.target,
             mapping=run.mapping,
+            progress=progress,
             keep_timeline=keep_timeline,
         )
     if run.target == TARGET_STAGED:
         return run_staged(
-            manifest, _endpoints(manifest), staged_window_seconds(), keep_timeline=keep_timeline
+            manifest,
+            _endpoints(manifest),
+            staged_window_seconds(),
+            progress=progress,
+            keep_timeline=keep_timeline,
         )
-    return run_manifest(manifest, run.target, keep_timeline=keep_timeline)
+    return run_manifest(manifest, run.target, progress=progress, keep_timeline=keep_timeline)

@@ -16,10 +16,10 @@ from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
-from django.utils import timezone
 
+from evaluator import server_clock
 from evaluator.engine.errors import ReceiptConflictError
-from evaluator.engine.receipts import RUNNING, ReceiptKey
+from evaluator.engine.receipts import RUNNING, ReceiptKey, pending_slots
 from evaluator.models import Receipt
 
 __all__ = ["DatabaseReceiptStore", "in_database_thread"]
@@ -105,7 +105,7 @@ class DatabaseReceiptStore:
                     ruleset_digest=document["rulesetDigest"],
                     state=document["state"],
                     revision=document["revision"],
-                    pending_dispatch=document["pendingDispatch"] is not None,
+                    pending_dispatch=bool(pending_slots(document)),
                     document=document,
                 )
         except IntegrityError:
@@ -120,11 +120,12 @@ class DatabaseReceiptStore:
             revision=expected_revision,
             state=RUNNING,
         ).update(
+            schema=document["schema"],
             state=document["state"],
             revision=document["revision"],
-            pending_dispatch=document["pendingDispatch"] is not None,
+            pending_dispatch=bool(pending_slots(document)),
             document=document,
-            updated_at=timezone.now(),
+            updated_at=server_clock.now(),
         )
         if updated != 1:
             raise ReceiptConflictError(key.invocation_id, expected_revision)

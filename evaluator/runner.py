@@ -13,6 +13,8 @@ registry. The dispatcher
   web server publishes when a run is committed) or a run of its own ends, and otherwise every
   `SLUICE_DISPATCH_POLL_SECONDS` (2 s): a run whose doorbell was lost (a broker restart, a web
   server killed between commit and publish) is claimed at the next poll all the same;
+- claims queued load runs the same way (`evaluator.load_dispatch`), up to
+  `SLUICE_WORKER_LOAD_SLOTS` (2) at once, each run by a thread of its own;
 - writes heartbeats for its runs every `SLUICE_RUN_HEARTBEAT_SECONDS` (5 s), and sweeps: a
   `running` run whose claimant stopped heartbeating for `SLUICE_RUN_STALE_SECONDS` (30 s), or
   whose claimant process on this host is gone, goes back to the backlog and is claimed again,
@@ -40,13 +42,15 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, close_old_connections, connections
 
-from admission import refresh, runtime
+from admission import live, refresh, runtime
 from admission.core import AdmissionRegistry
-from evaluator import dispatch, services
+from evaluator import dispatch, load_dispatch, services
+from evaluator.engine import holds
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
-from evaluator.models import EvaluationRun
+from evaluator.load_runs import load_run_execute_claimed
+from evaluator.models import EvaluationRun, LoadRun
 from evaluator.receipts_db import DatabaseReceiptStore, in_database_thread
 from evaluator.worker import evaluation_loop
 
@@ -67,6 +71,13 @@ class _Held:
     token: uuid.UUID
     future: concurrent.futures.Future[None] | None = None
     lost: bool = False
+
+
+@dataclass
+class _LoadHeld:
+    run: LoadRun
+    token: uuid.UUID
+    future: concurrent.futures.Future[None] | None = None
 
 
 @dataclass
@@ -92,6 +103,13 @@ class Runner:
         self.receipts = DatabaseReceiptStore(self.database)
         self.counters = _Counters()
         self._held: dict[uuid.UUID, _Held] = {}
+        # Load runs: each runs the harness in a thread of its own, at most `load_slots` at once.
+        self.load_slots = int(settings.SLUICE_WORKER_LOAD_SLOTS)
+        self._load_pool = ThreadPoolExecutor(
+            max_workers=self.load_slots, thread_name_prefix="sluice-load"
+        )
+        self._load_held: dict[uuid.UUID, _LoadHeld] = {}
+        self._load_stop = threading.Event()
         self._waiting = 0  # attempts of this process's runs waiting for admission (loop thread)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -112,6 +130,9 @@ class Runner:
         with self.loop.frozen():
             runtime.get_registry()
         refresh.start_listener(self.loop.frozen)
+        if not coordinated:
+            # No shared state to read: publish this process's figures for operators' views.
+            live.start_publisher(self.worker_id, self.loop.loop)
         self._thread.start()
         logger.info(
             "evaluation runner %s: %d slots, admission %s",
@@ -119,6 +140,25 @@ class Runner:
             self.slots,
             "shared through Redis" if coordinated else "in this process only",
         )
+
+    def load_in_flight(self) -> int:
+        with self._lock:
+            return len(self._load_held)
+
+    def _stop_load_runs(self) -> None:
+        """Stop the load runs still running: each gives itself back at its next progress report
+        (a staged-provider run ends `interrupted`); what does not stop in time is given back
+        from here."""
+        self._load_stop.set()
+        with self._lock:
+            futures = [held.future for held in self._load_held.values() if held.future]
+        concurrent.futures.wait(futures, timeout=5)
+        with self._lock:
+            left = list(self._load_held.values())
+        for held in left:
+            with contextlib.suppress(DatabaseError):
+                load_dispatch.load_run_give_back(held.run, held.token, "its worker stopped")
+        self._load_pool.shutdown(wait=False)
 
     def wake(self) -> None:
         """Look at the backlog now (a doorbell rang, or a slot came free)."""
@@ -148,12 +188,13 @@ class Runner:
             settings.SLUICE_WORKER_DRAIN_SECONDS if drain_seconds is None else drain_seconds
         )
         deadline = time.monotonic() + drain
-        while self.in_flight() and time.monotonic() < deadline:
+        while (self.in_flight() or self.load_in_flight()) and time.monotonic() < deadline:
             time.sleep(0.05)
         self._halt.set()
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        self._stop_load_runs()
         with self._lock:
             left = {run_id: held.token for run_id, held in self._held.items()}
         try:
@@ -165,9 +206,46 @@ class Runner:
             # The sweeper of the next worker takes them back once this one's heartbeat is old.
             logger.warning("could not give runs back at shutdown: %s", type(error).__name__)
         finally:
+            self._abort_left()
+            self._keep_held_permits()
             refresh.stop_listener()
+            live.stop_publisher()
             self.database.shutdown(wait=False)
             connections.close_all()
+
+    def _abort_left(self) -> None:
+        """Stop the evaluations given back at shutdown: their calls in flight are aborted, and
+        the permit of each call that may have reached the provider is held
+        (evaluator/engine/holds.py)."""
+        with self._lock:
+            futures = [held.future for held in self._held.values() if held.future is not None]
+        for future in futures:
+            future.cancel()
+        concurrent.futures.wait(futures, timeout=5)
+
+    def _keep_held_permits(self) -> None:
+        """Live on while permits of aborted calls must still be held.
+
+        A permit held in this process dies with it. With admission in Redis, the permits of a
+        process that stops renewing stay taken for a lease TTL after its last renewal, so the
+        process waits only for what outlasts that; in-process admission waits for all of it.
+        """
+        try:
+            left = self.loop.run(_hold_left_seconds())
+        except RuntimeError:
+            return  # the loop is gone already, and its permits with it
+        if settings.SLUICE_ADMISSION_REDIS_URL:
+            covered = (
+                settings.SLUICE_ADMISSION_LEASE_TTL_MS - settings.SLUICE_ADMISSION_HEARTBEAT_MS
+            ) / 1000.0
+            left -= max(0.0, covered)
+        if left > 0:
+            logger.warning(
+                "waiting %.1f s before stopping: aborted calls may still run at the provider and "
+                "their permits stay held until their timeouts",
+                left,
+            )
+            time.sleep(left)
 
     # ----------------------------------------------------------------- dispatcher
 
@@ -207,7 +285,10 @@ class Runner:
         if now >= self._next_sweep:
             trusted = now - self._db_ok_since >= float(settings.SLUICE_RUN_STALE_SECONDS)
             self.counters.swept += len(dispatch.runs_sweep(trust_heartbeats=trusted))
+            self.counters.swept += len(load_dispatch.load_runs_sweep(trust_heartbeats=trusted))
             self._next_sweep = now + float(settings.SLUICE_DISPATCH_POLL_SECONDS)
+        if self._claiming:
+            self._claim_load_runs()
         free = min(self.slots - self.busy(), self.slots * _WAITING_FACTOR - self.in_flight())
         if not self._claiming or free <= 0:
             return
@@ -228,7 +309,44 @@ class Runner:
                             dispatch.run_release(left.pk, left.claim)
                 raise
 
+    def _claim_load_runs(self) -> None:
+        free = self.load_slots - self.load_in_flight()
+        for run in load_dispatch.load_runs_claim(self.worker_id, free):
+            assert run.claim is not None
+            held = _LoadHeld(run=run, token=run.claim)
+            with self._lock:
+                self._load_held[run.pk] = held
+            held.future = self._load_pool.submit(self._execute_load_run, held)
+
+    def _execute_load_run(self, held: _LoadHeld) -> None:
+        close_old_connections()
+        try:
+            load_run_execute_claimed(held.run, held.token, stop=self._load_stop)
+        except DatabaseError as error:
+            # Its heartbeat stops with it: the sweeper takes it back once it is stale.
+            logger.warning("load run %s: database error: %s", held.run.pk, error)
+        except Exception:
+            logger.exception("load run %s failed", held.run.pk)
+            with contextlib.suppress(DatabaseError):
+                services.run_fail(
+                    held.run,
+                    "internal-error",
+                    "the harness failed; the worker log has the details",
+                    claim=held.token,
+                )
+        finally:
+            with self._lock:
+                self._load_held.pop(held.run.pk, None)
+            connections.close_all()
+            self._wake.set()
+
     def _beat(self) -> None:
+        with self._lock:
+            loads = {run_id: held.token for run_id, held in self._load_held.items()}
+        for run_id in load_dispatch.load_runs_heartbeat(self.worker_id, loads):
+            logger.info(
+                "load run %s is no longer this worker's; it stops at its next report", run_id
+            )
         with self._lock:
             claims = {run_id: held.token for run_id, held in self._held.items()}
         for run_id in dispatch.runs_heartbeat(self.worker_id, claims):
@@ -252,17 +370,25 @@ class Runner:
             registry = runtime.registry_for_run(start.plan)
         held = _Held(token=run.claim)
         with self._lock:
+            previous = self._held.get(run.pk)
             self._held[run.pk] = held
+        if previous is not None and previous.future is not None and not previous.future.done():
+            # Taken away and claimed again here before a heartbeat noticed: the old claim stops.
+            logger.warning("evaluation %s is no longer this worker's; stopping it", run.pk)
+            previous.lost = True
+            previous.future.cancel()
         self.counters.claimed += 1
         future = asyncio.run_coroutine_threadsafe(
             self._execute(run, held, start, _SlotFreeingRegistry(self, registry)), self.loop.loop
         )
         held.future = future
-        future.add_done_callback(lambda _: self._ended(run.pk))
+        future.add_done_callback(lambda _: self._ended(run.pk, held))
 
-    def _ended(self, run_id: uuid.UUID) -> None:
+    def _ended(self, run_id: uuid.UUID, held: _Held) -> None:
         with self._lock:
-            self._held.pop(run_id, None)
+            # A run taken away and claimed again by this process is held anew meanwhile.
+            if self._held.get(run_id) is held:
+                del self._held[run_id]
         self.counters.finished += 1
         self._wake.set()
 
@@ -320,6 +446,13 @@ class Runner:
         released = await self._retrying(held, lambda: dispatch.run_release(run.pk, held.token))
         if released:
             self.counters.given_back += 1
+
+
+async def _hold_left_seconds() -> float:
+    """How long the last permit of an aborted call on this loop is still held."""
+    loop = asyncio.get_running_loop()
+    end = holds.last_hold_end(loop)
+    return 0.0 if end is None else max(0.0, end - loop.time())
 
 
 class _SlotFreeingController:

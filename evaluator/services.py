@@ -4,9 +4,7 @@ Submitting validates everything a request can get wrong before a row exists and 
 `queued`: that row *is* the queue entry (workers claim runs from the database, see
 evaluator/runner.py and evaluator/dispatch.py). When the transaction commits a doorbell message
 is published so a worker looks at once; if the broker does not take it, the run is still queued
-and a worker's next poll finds it. Load runs are still carried by their Celery task: if the
-broker refuses that message the load run is marked `failed` with error type
-`broker-unavailable` and `BrokerUnavailable` is raised.
+and a worker's next poll finds it. Load runs travel the same way (evaluator/load_dispatch.py).
 """
 
 from __future__ import annotations
@@ -24,21 +22,19 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import IntegrityError, close_old_connections, transaction
 from django.db.models import Model
-from django.utils import timezone
 
 from admission import access, rollout, selectors
 from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
 from config.telemetry import evaluator_telemetry
-from evaluator import qualification
+from evaluator import qualification, server_clock, usage
 from evaluator.cancel_watch import run_cancel_signal
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
-from evaluator.engine.rulesets import MAX_DECISIONS
+from evaluator.engine.rulesets import MAX_DECISIONS, prompt_values
 from evaluator.engine.scheduler import evaluate_decision_ruleset
-from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.receipts_db import DatabaseReceiptStore
@@ -46,6 +42,7 @@ from evaluator.receipts_db import DatabaseReceiptStore
 __all__ = [
     "BrokerUnavailable",
     "InvalidRunRequest",
+    "LoadRunBacklogFull",
     "LoadRunNotAllowed",
     "RunNotStartable",
     "RunServiceError",
@@ -188,6 +185,16 @@ def _parse_request(
         known = adapter_ids(workspace.key)
     except AdapterConfigError as error:
         raise InvalidRunRequest(str(error), field="ruleset") from None
+    oversized = request.ruleset.oversized_prompt(
+        prompt_values(request.input), settings.SLUICE_MAX_PROMPT_CHARS
+    )
+    if oversized is not None:
+        index, length = oversized
+        raise InvalidRunRequest(
+            f"renders to {length} characters with this input; this deployment sends at most "
+            f"{settings.SLUICE_MAX_PROMPT_CHARS} (SLUICE_MAX_PROMPT_CHARS)",
+            field=f"ruleset.decisions[{index}].prompt",
+        )
     unknown = request.ruleset.unknown_adapter_field(known)
     if unknown is not None:
         raise InvalidRunRequest(
@@ -218,7 +225,7 @@ def _resubmit(run: EvaluationRun, principal_id: str, document: Any) -> Evaluatio
             error=None,
             finished_at=None,
             task_id=str(uuid.uuid4()),
-            updated_at=timezone.now(),
+            updated_at=server_clock.now(),
         )
         run.refresh_from_db()
         if updated:
@@ -309,6 +316,7 @@ async def evaluate(
                 adapters=adapters,
                 receipt_store=store,
                 telemetry=evaluator_telemetry(),
+                max_prompt_chars=settings.SLUICE_MAX_PROMPT_CHARS,
             )
     finally:
         for adapter in adapters.values():
@@ -373,6 +381,12 @@ def load_manifest_names() -> list[str]:
     return sorted(entry.file_name for entry in REGISTERED_MANIFESTS.values())
 
 
+class LoadRunBacklogFull(RunServiceError):
+    """The workspace already has `SLUICE_WORKSPACE_LOAD_RUNS_QUEUED` load runs waiting."""
+
+    type = "throttled"
+
+
 def load_run_submit(
     workspace: Workspace,
     principal_user: Any,
@@ -381,18 +395,22 @@ def load_run_submit(
     *,
     what_if_version: ProfileVersion | None = None,
     mapping: Any = None,
-    enqueue: bool = True,
 ) -> LoadRun:
-    """Store a load run of a preregistered manifest against a harness target and enqueue it.
+    """Store a load run of a preregistered manifest against a harness target, `queued`.
 
     With `what_if_version` it is a what-if run: the manifest's arrivals under that version's
-    limits, ids mapped as `mapping` asks (evaluator/qualification.py). `enqueue=False` leaves
-    the run for the caller to execute in its own process. Raises `LoadRunNotAllowed`,
-    `InvalidRunRequest` (field `manifest`, `target`, `version` or `mapping…`) or
-    `BrokerUnavailable`.
+    limits, ids mapped as `mapping` asks (evaluator/qualification.py). The row is the queue
+    entry: a worker claims it fairly across workspaces (evaluator/load_dispatch.py), and the
+    doorbell published at commit only makes one look sooner. Every interface (API, admin,
+    shell) submits here, so all go through the same backlog cap and the same fair dispatch.
+    Raises `LoadRunNotAllowed`, `LoadRunBacklogFull` or `InvalidRunRequest` (field `manifest`,
+    `target`, `version` or `mapping…`).
     """
-    if not access.can(principal_user, access.RUN_LOAD, workspace):
-        raise LoadRunNotAllowed(f"you may not start load runs in workspace {workspace.key}")
+    # A what-if run qualifies a proposal, so whoever may propose may ask for one.
+    act = access.PROPOSE if what_if_version is not None else access.RUN_LOAD
+    if not access.can(principal_user, act, workspace):
+        what = "what-if runs" if what_if_version is not None else "load runs"
+        raise LoadRunNotAllowed(f"you may not start {what} in workspace {workspace.key}")
     if manifest_name not in load_manifest_names():
         raise InvalidRunRequest(
             f"must be one of {', '.join(load_manifest_names())}", field="manifest"
@@ -403,7 +421,16 @@ def load_run_submit(
         qualification.check(manifest_name, target, what_if_version=what_if_version, mapping=mapping)
     except qualification.QualificationError as error:
         raise InvalidRunRequest(str(error), field=error.field) from None
+    cap = int(settings.SLUICE_WORKSPACE_LOAD_RUNS_QUEUED)
     with transaction.atomic():
+        # The workspace's row lock makes the backlog count and the insert one step.
+        Workspace.objects.select_for_update().filter(pk=workspace.pk).first()
+        waiting = LoadRun.objects.filter(workspace=workspace, status=LoadRun.Status.QUEUED)
+        if waiting.count() >= cap:
+            raise LoadRunBacklogFull(
+                f"workspace {workspace.key} already has {cap} load runs waiting "
+                "(SLUICE_WORKSPACE_LOAD_RUNS_QUEUED); start more once some have run"
+            )
         run = LoadRun.objects.create(
             workspace=workspace,
             submitted_by=principal_user,
@@ -413,47 +440,26 @@ def load_run_submit(
             mapping=mapping,
             task_id=str(uuid.uuid4()),
         )
-        if enqueue:
-            _enqueue_on_commit(run)
+        _ring_on_commit(run)
     return run
 
 
-def load_run_execute(run_id: str | uuid.UUID) -> LoadRun | None:
-    """Run the harness for a load run and keep its `decision-load-result/v1` record."""
-    run = _claim(LoadRun, run_id)
-    if run is None or run.finished:
-        return run
-    timelines: list[Any] = []
-    try:
-        record = qualification.execute(run, keep_timeline=timelines.append)
-    except FileNotFoundError:
-        return _fail(run, "manifest-missing", f"{run.manifest_name} is not under manifests/")
-    except LoadHarnessError as error:
-        return _fail(run, "load-harness", str(error))
-    except AdapterConfigError as error:
-        return _fail(run, "configuration", str(error))
-    return _finish(
-        run,
-        status=LoadRun.Status.COMPLETED,
-        record=record,
-        timeline=timelines[-1] if timelines else None,
-        passed=bool(record.get("passed")),
-        manifest_digest=record.get("manifest", {}).get("digest", ""),
-    )
+def load_run_execute(run_id: str | uuid.UUID, *, wait_seconds: float = 0.0) -> LoadRun | None:
+    """Run a queued load run in this process when it is its turn (the shell's way, see
+    `evaluator.load_runs.load_run_run_here`)."""
+    from evaluator.load_runs import load_run_run_here
+
+    return load_run_run_here(run_id, wait_seconds=wait_seconds)
 
 
 # --------------------------------------------------------------------------------- shared
 
 
-def _enqueue_on_commit(run: RunT) -> None:
-    transaction.on_commit(lambda: _publish(run))
-
-
-def _ring_on_commit(run: EvaluationRun) -> None:
+def _ring_on_commit(run: EvaluationRun | LoadRun) -> None:
     transaction.on_commit(lambda: _ring(run))
 
 
-def _ring(run: EvaluationRun) -> None:
+def _ring(run: EvaluationRun | LoadRun) -> None:
     """Publish the doorbell of a committed run; a lost doorbell only costs one poll interval."""
     from evaluator import tasks
 
@@ -484,46 +490,6 @@ def _hold_before_publish() -> None:
         time.sleep(0.02)
 
 
-def _publish(run: RunT) -> None:
-    from evaluator import tasks
-
-    task = tasks.run_evaluation if isinstance(run, EvaluationRun) else tasks.run_load_manifest
-    try:
-        task.apply_async(
-            args=[str(run.pk)],
-            task_id=run.task_id,
-            retry=True,
-            retry_policy=PUBLISH_RETRY_POLICY,
-        )
-    except Exception as error:
-        # Whatever the transport raised, the message is not on the broker: say so on the row.
-        logger.warning("could not enqueue %s: %s: %s", run, type(error).__name__, error)
-        _fail(run, BROKER_UNAVAILABLE, "the task broker did not accept the run; submit again")
-        raise BrokerUnavailable(
-            f"the task broker is unavailable ({type(error).__name__}); the run was not queued",
-            run=run,
-        ) from error
-
-
-def _claim(model: type[RunT], run_id: str | uuid.UUID) -> RunT | None:
-    with transaction.atomic():
-        run = model.objects.select_for_update().filter(pk=run_id).first()
-        if run is None or run.finished:
-            return run
-        run.status = model.Status.RUNNING
-        run.deliveries += 1
-        if run.started_at is None:
-            run.started_at = timezone.now()
-        run.save(update_fields=["status", "deliveries", "started_at", "updated_at"])
-    if run.deliveries > 1:
-        logger.warning("%s delivered again (delivery %d); resuming", run, run.deliveries)
-    return run
-
-
-def _fail(run: RunT, error_type: str, detail: str, *, field: str | None = None) -> RunT:
-    return run_fail(run, error_type, detail, field=field)
-
-
 def run_fail(
     run: RunT,
     error_type: str,
@@ -550,8 +516,11 @@ def _finish(run: RunT, *, status: str, claim: uuid.UUID | None = None, **values:
             logger.warning("%s is no longer held by this claim; not writing its outcome", run)
             return locked
         locked.status = status
-        locked.finished_at = timezone.now()
+        locked.finished_at = server_clock.now()
         for name, value in values.items():
             setattr(locked, name, value)
         locked.save()
+        if isinstance(locked, EvaluationRun):
+            # In the same transaction: a run's usage counts exactly once.
+            usage.usage_record_run(locked)
     return locked

@@ -45,6 +45,10 @@ class ProfileHistoryPagination(CheckedCursorPagination):
 
 class ProfileVersionPagination(CheckedCursorPagination):
     ordering = ("-created_at", "-id")
+    # Each version carries its whole document (up to SLUICE_MAX_PROFILE_BYTES): a page of at
+    # most 20 stays a few megabytes whatever `page_size` asks for.
+    page_size = 20
+    max_page_size = 20
 
 
 class NewestIdFirstPagination(CheckedCursorPagination):

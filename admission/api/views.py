@@ -170,7 +170,9 @@ class ProfileVersionListView(WorkspaceScopedView, generics.ListCreateAPIView):
         except services.ProfileVersionDuplicate as duplicate:
             return Response(self._represent(duplicate.version), status=status.HTTP_200_OK)
         except (InvalidProfileError, services.ProfileServiceError) as error:
-            raise ValidationError({"document": [str(error)]}) from error
+            # Every problem of the document at once, each naming its field.
+            problems = getattr(error, "problems", [error])
+            raise ValidationError({"document": [str(p) for p in problems]}) from error
         return Response(self._represent(version), status=status.HTTP_201_CREATED)
 
     def _represent(self, version: ProfileVersion) -> dict[str, Any]:

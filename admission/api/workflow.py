@@ -75,7 +75,8 @@ class Refused(APIException):
 def _refuse(error: Exception) -> APIException:
     """The exception the API raises for a service's refusal."""
     if isinstance(error, InvalidProfileError):
-        return ValidationError({"document": [str(error)]})
+        # Every problem of the document at once, each naming its field.
+        return ValidationError({"document": [str(p) for p in getattr(error, "problems", [error])]})
     code = getattr(error, "code", "invalid")
     if code == "invalid":
         field = getattr(error, "field", None) or "non_field_errors"

@@ -281,6 +281,37 @@ class AdmissionController:
         """The bounded history of breaker transitions in this workspace, oldest first."""
         return list(self._current()._transitions)
 
+    def live_figures(self) -> dict[str, Any]:
+        """This workspace now, for operators' views: active and queued calls of the workspace
+        and of each provider of the current profile, breaker state, consecutive failures,
+        pause and time until an open breaker lets probes through (ms), leases, waiters and the
+        number of principals named. Carries no principal id."""
+        owner = self._current()
+        now = owner._clock.monotonic_ms()
+        providers: dict[str, dict[str, Any]] = {}
+        for provider_id in owner._profile.providers:
+            entry: dict[str, Any] = {"a": 0, "q": 0, "breaker": "closed", "failures": 0}
+            scope = owner._providers.get(provider_id)
+            if scope is not None:
+                entry["a"] = scope.active
+                entry["q"] = scope.queued
+                entry["pause"] = max(0.0, scope.pause_until_ms - now)
+                breaker = scope.breaker
+                if breaker is not None:
+                    entry["breaker"] = breaker.state
+                    entry["failures"] = breaker.failures
+                    config = scope.breaker_config
+                    if breaker.state == "open" and config is not None:
+                        entry["reopen"] = max(0.0, breaker.opened_ms + config.open_ms - now)
+            providers[provider_id] = entry
+        return {
+            "workspace": {"a": owner._workspace.active, "q": owner._workspace.queued},
+            "providers": providers,
+            "principals": len(owner._profile.principals),
+            "leases": owner._leases,
+            "waiters": owner._waiting,
+        }
+
     # ------------------------------------------------------------ registry hooks
     # (`hosting.HostedController`: how the registry manages this controller)
 

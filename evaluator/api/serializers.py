@@ -102,6 +102,17 @@ class InFlightAttemptSerializer(serializers.Serializer):
     evidence = serializers.JSONField(allow_null=True, help_text="Its admission evidence.")
 
 
+class RunOutageSerializer(serializers.Serializer):
+    refusals = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Refusals the outage caused, by reason."
+    )
+    decisionsDelayed = serializers.IntegerField(help_text="Decisions that waited for it.")
+    decisionsUnanswered = serializers.IntegerField(
+        help_text="Decisions whose deadline passed (or that were cancelled) while they waited."
+    )
+    waitedMs = serializers.FloatField(help_text="Time the run's attempts spent waiting.")
+
+
 class RunProgressSerializer(serializers.Serializer):
     decisionsTotal = serializers.IntegerField()
     decisionsDone = serializers.IntegerField(help_text="Decisions that reached an outcome.")
@@ -110,7 +121,20 @@ class RunProgressSerializer(serializers.Serializer):
     )
     attempts = serializers.IntegerField(help_text="Attempts so far (sent or refused).")
     inFlight = InFlightAttemptSerializer(
-        allow_null=True, help_text="The call dispatched and not answered yet, if any."
+        many=True, help_text="Every call dispatched and not answered yet, in ruleset order."
+    )
+    maxInFlight = serializers.IntegerField(
+        help_text="The most calls of this run in flight at once, from its receipt."
+    )
+    refusals = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Admission refusals by reason over every attempt, including refusals by our "
+        "own infrastructure (coordination-unavailable) that an attempt waited through.",
+    )
+    outage = RunOutageSerializer(
+        allow_null=True,
+        help_text="Null unless an outage of the deployment's own infrastructure refused some of "
+        "the run's admissions.",
     )
 
 
@@ -159,6 +183,65 @@ class LoadRunSubmitSerializer(serializers.Serializer):
     )
 
 
+class WhatIfSubmitSerializer(serializers.Serializer):
+    """A what-if run of the profile version in the URL: the manifest's arrivals, service times
+    and bounds under the version's limits, on an offline target (virtual time)."""
+
+    manifest = serializers.CharField(
+        required=False,
+        default="load-manifest.v2.json",
+        help_text="A preregistered manifest with an arrival model (load-manifest.v2.json).",
+    )
+    target = serializers.CharField(
+        required=False,
+        default="admission-controller",
+        help_text="admission-controller or evaluator (both offline, on virtual time).",
+    )
+    mapping = serializers.JSONField(
+        required=False,
+        default=None,
+        help_text='Manifest ids onto the version\'s ids: {"principals": {"noisy": "batch"}, '
+        '"providers": {"jev": "llm"}}. Ids the version shares with the manifest map to '
+        "themselves; the rest in order.",
+    )
+
+
+class BoundVerdictSerializer(serializers.Serializer):
+    bound = serializers.CharField(help_text="The manifest's bound, e.g. maxQueueDelayMs.")
+    observed = serializers.JSONField(help_text="What the run observed.")
+    limit = serializers.JSONField(help_text="The manifest's limit.")
+    passed = serializers.BooleanField()
+
+
+class LoadRunVerdictSerializer(serializers.Serializer):
+    passed = serializers.BooleanField(help_text="Whether every bound held.")
+    failed = serializers.ListField(
+        child=serializers.CharField(), help_text="The bounds that did not hold, in record order."
+    )
+    bounds = BoundVerdictSerializer(many=True)
+
+
+def load_run_verdict(run: LoadRun) -> dict[str, Any] | None:
+    """A completed run's verdict per bound, read off its record (None before it completed)."""
+    record = run.record
+    if run.status != LoadRun.Status.COMPLETED or not isinstance(record, dict):
+        return None
+    bounds = [
+        {
+            "bound": item["bound"],
+            "observed": item["observed"],
+            "limit": item["limit"],
+            "passed": bool(item["pass"]),
+        }
+        for item in record.get("comparisons") or []
+    ]
+    return {
+        "passed": bool(record.get("passed")),
+        "failed": [item["bound"] for item in bounds if not item["passed"]],
+        "bounds": bounds,
+    }
+
+
 class LoadRunSerializer(WorkerRunSerializer):
     submittedBy = serializers.CharField(source="submitted_by.username", read_only=True)
     manifest = serializers.CharField(source="manifest_name", read_only=True)
@@ -167,7 +250,26 @@ class LoadRunSerializer(WorkerRunSerializer):
     record = serializers.JSONField(
         read_only=True, allow_null=True, help_text="The decision-load-result/v1 record."
     )
-    status = serializers.CharField(read_only=True, help_text="queued, running, completed, failed")
+    status = serializers.CharField(
+        read_only=True, help_text="queued, running, " + ", ".join(sorted(LoadRun.TERMINAL))
+    )
+    progress = serializers.FloatField(
+        read_only=True,
+        allow_null=True,
+        help_text="How far the harness got while it runs, 0 to 1 (null while queued).",
+    )
+    cancelRequestedAt = serializers.DateTimeField(
+        source="cancel_requested_at",
+        read_only=True,
+        allow_null=True,
+        help_text="When somebody asked to cancel the run (null if nobody did).",
+    )
+    cancelRequestedBy = serializers.CharField(
+        source="cancel_requested_by.username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who asked to cancel the run.",
+    )
     whatIfVersion = serializers.CharField(
         source="what_if_version.profile_version",
         read_only=True,
@@ -176,6 +278,10 @@ class LoadRunSerializer(WorkerRunSerializer):
     )
     mapping = serializers.JSONField(
         read_only=True, allow_null=True, help_text="A what-if run's requested id mapping."
+    )
+    verdict = serializers.SerializerMethodField(
+        help_text="Once completed: every bound of the record with its verdict (the record keeps "
+        "the full precision)."
     )
 
     class Meta:
@@ -187,6 +293,7 @@ class LoadRunSerializer(WorkerRunSerializer):
             "manifest",
             "target",
             "status",
+            "progress",
             "manifestDigest",
             "passed",
             "deliveries",
@@ -194,8 +301,15 @@ class LoadRunSerializer(WorkerRunSerializer):
             "createdAt",
             "startedAt",
             "finishedAt",
+            "cancelRequestedAt",
+            "cancelRequestedBy",
             "error",
             "whatIfVersion",
             "mapping",
+            "verdict",
             "record",
         )
+
+    @extend_schema_field(LoadRunVerdictSerializer(allow_null=True))
+    def get_verdict(self, run: LoadRun) -> dict[str, Any] | None:
+        return load_run_verdict(run)

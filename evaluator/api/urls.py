@@ -34,4 +34,14 @@ urlpatterns = [
         views.LoadRunDetailView.as_view(),
         name="workspace-load-run-detail",
     ),
+    path(
+        f"{_WORKSPACE}/load-runs/<str:run_id>/cancel/",
+        views.LoadRunCancelView.as_view(),
+        name="workspace-load-run-cancel",
+    ),
+    path(
+        f"{_WORKSPACE}/profiles/<path:profile_version>/what-if/",
+        views.WhatIfRunListView.as_view(),
+        name="workspace-profile-what-if",
+    ),
 ]

@@ -11,24 +11,27 @@ from typing import Any
 import django_filters
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
 from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from admission import access
+from admission import selectors as admission_selectors
 from admission.api.pagination import CheckedCursorPagination
 from admission.api.serializers import ErrorSerializer
 from admission.api.views import WorkspaceScopedMixin
+from admission.models import ProfileVersion
 from config.api_parsers import BoundedJSONParser
-from evaluator import cancellation, selectors, services
+from evaluator import cancellation, load_runs, selectors, services
 from evaluator.api.serializers import (
     EvaluationRunSerializer,
     EvaluationRunSummarySerializer,
     EvaluationSubmitSerializer,
     LoadRunSerializer,
     LoadRunSubmitSerializer,
+    WhatIfSubmitSerializer,
 )
 from evaluator.models import EvaluationRun, LoadRun
 
@@ -48,6 +51,12 @@ class BrokerUnavailableError(APIException):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_code = "broker-unavailable"
     default_detail = "The task broker is unavailable; the run was not queued. Try again."
+
+
+class LoadBacklogFullError(APIException):
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_code = "throttled"
+    default_detail = "The workspace has as many load runs waiting as it may."
 
 
 class RunFinishedError(APIException):
@@ -221,12 +230,21 @@ class LoadRunListView(WorkspaceScopedMixin, generics.ListAPIView):
 
     @extend_schema(
         request=LoadRunSubmitSerializer,
+        parameters=[RETRY_AFTER],
         responses={
-            201: LoadRunSerializer,
+            201: OpenApiResponse(
+                LoadRunSerializer,
+                description="Queued: a worker claims it fairly across workspaces, at most "
+                "SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT of this workspace at once.",
+            ),
             400: INVALID,
             403: ErrorSerializer,
             404: NOT_FOUND,
-            503: BROKER_DOWN,
+            429: OpenApiResponse(
+                ErrorSerializer,
+                description="`throttled`: this caller submitted too many runs, or the workspace "
+                "already has SLUICE_WORKSPACE_LOAD_RUNS_QUEUED load runs waiting.",
+            ),
         },
     )
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -239,8 +257,8 @@ class LoadRunListView(WorkspaceScopedMixin, generics.ListAPIView):
                 payload.validated_data["manifest"],
                 payload.validated_data["target"],
             )
-        except services.BrokerUnavailable as error:
-            raise BrokerUnavailableError(str(error)) from error
+        except services.LoadRunBacklogFull as error:
+            raise LoadBacklogFullError(str(error)) from error
         except services.LoadRunNotAllowed as error:
             raise PermissionDenied(str(error)) from error
         except services.RunServiceError as error:
@@ -264,3 +282,182 @@ class LoadRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         if run is None:
             raise NotFound("No such load run.")
         return Response(self.get_serializer(run).data)
+
+
+@extend_schema(
+    tags=["load runs"],
+    parameters=[WORKSPACE_KEY, RUN_ID],
+    request=None,
+    responses={
+        200: OpenApiResponse(
+            LoadRunSerializer, description="The load run was queued: it is now cancelled."
+        ),
+        202: OpenApiResponse(
+            LoadRunSerializer,
+            description="The load run is running: the cancel is requested (`cancelRequestedAt` "
+            "is set) and the worker running it ends it `cancelled` at its next progress report, "
+            "within about a second.",
+        ),
+        403: OpenApiResponse(
+            ErrorSerializer,
+            description="Operators cancel load runs; proposers their own what-if runs.",
+        ),
+        404: NOT_FOUND,
+        409: OpenApiResponse(ErrorSerializer, description="`run-finished`: the run already ended."),
+    },
+)
+class LoadRunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
+    """Cancel a queued or running load run (what-if runs included)."""
+
+    serializer_class = LoadRunSerializer
+    filter_backends: list[Any] = []
+    # Proposers cancel their own what-if runs; the service decides per run.
+    write_act = access.PROPOSE
+
+    def post(self, request: Request, workspace_key: str, run_id: str) -> Response:
+        run = selectors.load_run_get(workspace=self.get_workspace(), run_id=run_id)
+        if run is None:
+            raise NotFound("No such load run.")
+        try:
+            run = load_runs.load_run_cancel(run, request.user)
+        except cancellation.RunCancelNotAllowed as error:
+            raise PermissionDenied(str(error)) from error
+        except cancellation.RunAlreadyFinished as error:
+            raise RunFinishedError(str(error)) from error
+        code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
+        return Response(self.get_serializer(run).data, status=code)
+
+
+PROFILE_VERSION = OpenApiParameter(
+    "profile_version", OpenApiTypes.STR, OpenApiParameter.PATH, description="The version's label."
+)
+_WHAT_IF_EXAMPLE_RUN = {
+    "id": "1f0c6b6e-5d0e-4a43-9d8e-3b1c1c0f7a21",
+    "workspaceId": "acme",
+    "submittedBy": "lena",
+    "manifest": "load-manifest.v2.json",
+    "target": "admission-controller",
+    "status": "completed",
+    "progress": 1.0,
+    "manifestDigest": "sha256:416a4146…28a0c",
+    "passed": False,
+    "deliveries": 1,
+    "taskId": "8f8e0b3a-3c55-4d4b-b1f5-0d8cbb1c5f61",
+    "createdAt": "2026-12-01T09:00:00Z",
+    "startedAt": "2026-12-01T09:00:01Z",
+    "finishedAt": "2026-12-01T09:00:03Z",
+    "cancelRequestedAt": None,
+    "cancelRequestedBy": None,
+    "error": None,
+    "whatIfVersion": "v3",
+    "mapping": None,
+    "verdict": {
+        "passed": False,
+        "failed": ["minimumQuietPrincipalAdmissionRatio"],
+        "bounds": [
+            {"bound": "maxQueueDelayMs", "observed": 812.0, "limit": 2000, "passed": True},
+            {
+                "bound": "minimumQuietPrincipalAdmissionRatio",
+                "observed": 0.61,
+                "limit": 0.95,
+                "passed": False,
+            },
+        ],
+    },
+    "record": {"schema": "decision-load-result/v1", "mode": "what-if", "passed": False},
+}
+
+
+@extend_schema(tags=["what-if"], parameters=[WORKSPACE_KEY, PROFILE_VERSION])
+class WhatIfRunListView(WorkspaceScopedMixin, generics.ListAPIView):
+    """What-if runs of one profile version, newest first; POST starts one (proposers and
+    above). A what-if run is a load run: queued, claimed fairly and cancelled like one, its
+    record and verdict read here or at `…/load-runs/{id}/`."""
+
+    serializer_class = LoadRunSerializer
+    pagination_class = RunPagination
+    filter_backends: list[Any] = []
+    write_act = access.PROPOSE
+    starts_runs = True
+    parser_classes = [BoundedJSONParser]
+
+    def get_version(self) -> ProfileVersion:
+        version = admission_selectors.profile_version_get(
+            workspace=self.get_workspace(), label=self.kwargs["profile_version"]
+        )
+        if version is None:
+            raise NotFound("No such profile version.")
+        return version
+
+    def get_queryset(self) -> QuerySet[LoadRun]:
+        if getattr(self, "swagger_fake_view", False):
+            return LoadRun.objects.none()
+        return selectors.what_if_run_list(version=self.get_version())
+
+    @extend_schema(responses={200: LoadRunSerializer(many=True), 404: NOT_FOUND})
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
+        request=WhatIfSubmitSerializer,
+        parameters=[RETRY_AFTER],
+        examples=[
+            OpenApiExample(
+                "v2 manifest on the controller path",
+                value={"manifest": "load-manifest.v2.json", "target": "admission-controller"},
+                request_only=True,
+            ),
+            OpenApiExample(
+                "with an id mapping",
+                value={
+                    "target": "evaluator",
+                    "mapping": {"principals": {"noisy": "batch"}, "providers": {"jev": "llm"}},
+                },
+                request_only=True,
+            ),
+            OpenApiExample(
+                "a completed run (when read back)",
+                value=_WHAT_IF_EXAMPLE_RUN,
+                response_only=True,
+                status_codes=["201"],
+            ),
+        ],
+        responses={
+            201: OpenApiResponse(
+                LoadRunSerializer,
+                description="Queued; read it back here or at `…/load-runs/{id}/` for its "
+                "progress, then its record and verdict.",
+            ),
+            400: INVALID,
+            403: OpenApiResponse(
+                ErrorSerializer, description="Proposers and above start what-if runs."
+            ),
+            404: NOT_FOUND,
+            429: OpenApiResponse(
+                ErrorSerializer,
+                description="`throttled`: too many runs submitted, or the workspace's load-run "
+                "backlog is full.",
+            ),
+        },
+    )
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        version = self.get_version()
+        payload = WhatIfSubmitSerializer(data=request.data)
+        payload.is_valid(raise_exception=True)
+        data = payload.validated_data
+        try:
+            run = services.load_run_submit(
+                self.get_workspace(),
+                request.user,
+                data["manifest"],
+                data["target"],
+                what_if_version=version,
+                mapping=data["mapping"],
+            )
+        except services.LoadRunBacklogFull as error:
+            raise LoadBacklogFullError(str(error)) from error
+        except services.LoadRunNotAllowed as error:
+            raise PermissionDenied(str(error)) from error
+        except services.RunServiceError as error:
+            raise _invalid(error) from error
+        return Response(LoadRunSerializer(run).data, status=status.HTTP_201_CREATED)

@@ -7,7 +7,9 @@ attempt that really was dispatched and has no known outcome is ``execution-uncer
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,7 @@ from evaluator.engine.adapters.base import (
     AdapterError,
 )
 from evaluator.engine.estimates import EstimateFn
+from evaluator.engine.holds import hold_release
 from evaluator.engine.outcomes import (
     ESTIMATE_FAILED,
     EXECUTION_UNCERTAIN,
@@ -46,7 +49,14 @@ from evaluator.engine.receipts import ReceiptJournal
 from evaluator.engine.rulesets import Decision, Target
 from evaluator.engine.telemetry import EvaluatorTelemetry
 
-__all__ = ["TARGET_DEADLINE", "TOTAL_DEADLINE", "AttemptContext", "is_deadline", "run_attempt"]
+__all__ = [
+    "INFRASTRUCTURE_REASONS",
+    "TARGET_DEADLINE",
+    "TOTAL_DEADLINE",
+    "AttemptContext",
+    "is_deadline",
+    "run_attempt",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +64,12 @@ TOTAL_DEADLINE = "evaluation-deadline"
 TARGET_DEADLINE = "target-deadline"
 _DEADLINE_REASONS = frozenset({TOTAL_DEADLINE, TARGET_DEADLINE, "deadline-exceeded"})
 _NOT_PROCESSED = frozenset({RATE_LIMITED, CLIENT_ERROR, CONNECT_ERROR, MISCONFIGURED})
+# Refusals caused by our own infrastructure rather than the profile: waited out, never failed.
+INFRASTRUCTURE_REASONS = frozenset({"coordination-unavailable"})
+# The pause between two admission requests of an attempt that meets such a refusal: it doubles
+# from the first to the most (with jitter), so an outage's end is noticed within about a second.
+OUTAGE_BACKOFF_FIRST_MS = 100.0
+OUTAGE_BACKOFF_MAX_MS = 1_000.0
 
 
 def is_deadline(reason: str | None) -> bool:
@@ -138,27 +154,35 @@ async def run_attempt(
     )
     span = ctx.telemetry.start(request, target.adapter) if ctx.telemetry is not None else None
     mirror = ctx.shadow.mirror(request, retry=number > 1) if ctx.shadow is not None else None
+    outage = _OutageWait()
     try:
         try:
-            lease = await ctx.controller.acquire(request)
+            lease = await _acquire(ctx, request, signal, outage)
         except AdmissionRejected as rejection:
             if mirror is not None:
                 mirror.rejected(rejection)
             if span is not None:
                 span.rejected(rejection)
             deadline_fired = is_deadline(signal.reason)
+            if rejection.reason in INFRASTRUCTURE_REASONS:
+                # Waited out until the signal fired: a deadline (`timeout`) or a cancel.
+                outcome = outcome_for_rejection("cancelled", deadline_fired=deadline_fired)
+                retryable = False
+            else:
+                outcome = outcome_for_rejection(rejection.reason, deadline_fired=deadline_fired)
+                retryable = rejection.retryable
             record = AttemptRecord(
                 **base,
                 sent=False,
-                outcome=outcome_for_rejection(rejection.reason, deadline_fired=deadline_fired),
+                outcome=outcome,
                 reason=rejection.reason,
-                retryable=rejection.retryable,
+                retryable=retryable,
                 evidence=rejection.evidence.to_dict() if rejection.evidence is not None else None,
                 retry_after_ms=rejection.retry_after_ms,
                 started_ms=started,
                 ended_ms=ctx.elapsed_ms(),
             )
-            return record, None
+            return outage.noted(record), None
         except BaseException:
             if mirror is not None:
                 mirror.abandoned()
@@ -169,12 +193,87 @@ async def run_attempt(
             mirror.admitted(lease)
         if span is not None:
             span.admitted(lease.evidence)
-        return await _dispatch(
-            ctx, index, decision, prompt, target, number, lease, signal, span, base, started, mirror
+        record, output = await _dispatch(
+            ctx,
+            index,
+            decision,
+            prompt,
+            target,
+            number,
+            lease,
+            signal,
+            span,
+            base,
+            started,
+            mirror,
+            deadline,
         )
+        return outage.noted(record), output
     finally:
         timer.cancel()
         signal.dispose()
+
+
+class _OutageWait:
+    """Refusals by our own infrastructure that one attempt waited through."""
+
+    __slots__ = ("refusals", "waited_ms")
+
+    def __init__(self) -> None:
+        self.refusals: dict[str, int] = {}
+        self.waited_ms = 0.0
+
+    def noted(self, record: AttemptRecord) -> AttemptRecord:
+        if not self.refusals:
+            return record
+        return dataclasses.replace(
+            record,
+            infrastructure_refusals=dict(self.refusals),
+            infrastructure_wait_ms=round(self.waited_ms, 3),
+        )
+
+
+async def _acquire(
+    ctx: AttemptContext, request: AdmissionRequest, signal: CancelSignal, outage: _OutageWait
+) -> Any:
+    """Admission for one attempt. A refusal caused by our own infrastructure (shared admission
+    state unreachable) is not the attempt's fault and costs no attempt: it is asked again, with
+    a growing pause, until admission answers or the attempt's signal fires (its deadline, the
+    run's, a cancel); the last such refusal is raised then."""
+    pause_ms = OUTAGE_BACKOFF_FIRST_MS
+    while True:
+        try:
+            return await ctx.controller.acquire(request)
+        except AdmissionRejected as rejection:
+            if rejection.reason not in INFRASTRUCTURE_REASONS or signal.cancelled:
+                raise
+            outage.refusals[rejection.reason] = outage.refusals.get(rejection.reason, 0) + 1
+            began = ctx.clock.monotonic_ms()
+            fired = await _pause(signal, pause_ms * (0.5 + random.random() / 2))
+            outage.waited_ms += ctx.clock.monotonic_ms() - began
+            if fired:
+                raise
+            pause_ms = min(OUTAGE_BACKOFF_MAX_MS, pause_ms * 2)
+
+
+async def _pause(signal: CancelSignal, wait_ms: float) -> bool:
+    """Wait ``wait_ms`` unless ``signal`` fires first; True when it fired."""
+    if signal.cancelled:
+        return True
+    loop = asyncio.get_running_loop()
+    wake: asyncio.Future[bool] = loop.create_future()
+
+    def settle(value: bool) -> None:
+        if not wake.done():
+            wake.set_result(value)
+
+    timer = loop.call_later(wait_ms / 1000.0, settle, False)
+    unsubscribe = signal.add_callback(lambda _signal: settle(True))
+    try:
+        return await wake
+    finally:
+        timer.cancel()
+        unsubscribe()
 
 
 async def _dispatch(
@@ -190,8 +289,22 @@ async def _dispatch(
     base: dict[str, Any],
     started: float,
     mirror: ShadowCall | None,
+    hold_until_ms: float,
 ) -> tuple[AttemptRecord, Any]:
     evidence = lease.evidence.to_dict()
+    adapter = ctx.adapters[target.adapter]
+    # A provider that documents stopping work on an aborted call sooner shortens the hold.
+    cutoff_ms = getattr(adapter, "abort_cutoff_ms", None)
+
+    def hold_end() -> float:
+        if cutoff_ms is None:
+            return hold_until_ms
+        return min(hold_until_ms, ctx.clock.monotonic_ms() + cutoff_ms)
+
+    # Set while the adapter call is under way: leaving then means the call was aborted.
+    calling = False
+    # Why the permit outlives an aborted call that may still run at the provider.
+    hold_reason: str | None = None
     success: bool | None = None
     retry_after_ms: float | None = None
     pause_ms: float | None = None
@@ -210,8 +323,9 @@ async def _dispatch(
             )
             await ctx.journal.mark_dispatch(index, provisional)
         call = AdapterCall(decision.id, prompt, target, decision.output, number, signal)
+        calling = True
         try:
-            response = await _invoke(ctx.adapters[target.adapter], call, signal)
+            response = await _invoke(adapter, call, signal)
         except AdapterError as error:
             success = None if error.provider_failure is None else not error.provider_failure
             if error.kind == RATE_LIMITED:
@@ -234,9 +348,14 @@ async def _dispatch(
                 tokens=tokens,
                 started_ms=started,
                 ended_ms=ctx.elapsed_ms(),
+                cost_usd=cost,
             )
         except _SignalFired:
+            held = None
             cause = "timeout" if is_deadline(signal.reason) else "cancelled"
+            if cause == "cancelled" and hold_end() > ctx.clock.monotonic_ms():
+                hold_reason = signal.reason or cause
+                held = _hold_evidence(ctx, hold_reason, hold_end())
             record = AttemptRecord(
                 **base,
                 sent=True,
@@ -246,6 +365,7 @@ async def _dispatch(
                 evidence=evidence,
                 started_ms=started,
                 ended_ms=ctx.elapsed_ms(),
+                permit_held=held,
             )
         except Exception as error:
             # The adapter broke after dispatch: nobody knows whether the provider acted.
@@ -286,29 +406,56 @@ async def _dispatch(
                 tokens=tokens,
                 started_ms=started,
                 ended_ms=ctx.elapsed_ms(),
+                cost_usd=float(cost) if valid_amount(cost) else None,
             )
+        calling = False
     finally:
-        try:
-            lease.release(
-                success=success,
-                retry_after_ms=retry_after_ms,
-                actual_tokens=tokens,
-                actual_cost_usd=cost if valid_amount(cost) else None,
-            )
-        finally:
-            if pause_ms is not None:
-                ctx.controller.coordinate_retry_after(target.adapter, pause_ms)
-            if mirror is not None:
-                mirror.released(
-                    lease,
+        if calling:
+            # This task was stopped mid-call (its run was taken away, or the worker stops).
+            hold_reason = "call-abandoned"
+
+        def release() -> None:
+            try:
+                lease.release(
                     success=success,
+                    retry_after_ms=retry_after_ms,
                     actual_tokens=tokens,
                     actual_cost_usd=cost if valid_amount(cost) else None,
-                    retry_after_ms=retry_after_ms,
                 )
-            if span is not None:
-                span.released(lease.evidence)
+            finally:
+                if pause_ms is not None:
+                    ctx.controller.coordinate_retry_after(target.adapter, pause_ms)
+                if mirror is not None:
+                    mirror.released(
+                        lease,
+                        success=success,
+                        actual_tokens=tokens,
+                        actual_cost_usd=cost if valid_amount(cost) else None,
+                        retry_after_ms=retry_after_ms,
+                    )
+                if span is not None:
+                    span.released(lease.evidence)
+
+        if hold_reason is None:
+            release()
+        else:
+            hold_s = (hold_end() - ctx.clock.monotonic_ms()) / 1000.0
+            if hold_s > 0:
+                logger.warning(
+                    "call to %s for decision %s aborted (%s) after it may have reached the "
+                    "provider: its permit is held %.1f s more, until the call's timeout",
+                    target.adapter,
+                    decision.id,
+                    hold_reason,
+                    hold_s,
+                )
+            hold_release(hold_s, release)
     return record, output
+
+
+def _hold_evidence(ctx: AttemptContext, reason: str, until_ms: float) -> dict[str, Any]:
+    """What an aborted attempt's record says about its permit: held, why, until when."""
+    return {"reason": reason, "untilMs": until_ms - ctx.origin_ms}
 
 
 async def _invoke(adapter: Adapter, call: AdapterCall, signal: CancelSignal) -> Any:

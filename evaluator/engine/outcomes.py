@@ -88,6 +88,16 @@ class AttemptRecord:
     tokens: int | None = None
     started_ms: float = 0.0
     ended_ms: float = 0.0
+    # What the call cost as reconciled with admission (the provider's figure, or tokens times
+    # the target's price), when known.
+    cost_usd: float | None = None
+    # An aborted call that may have reached the provider keeps its permit: why, and until when
+    # (``{"reason", "untilMs"}``, on the run's millisecond scale).
+    permit_held: Mapping[str, Any] | None = None
+    # Refusals caused by our own infrastructure (``coordination-unavailable``) that this
+    # attempt waited through instead of failing: count by reason, and the time spent waiting.
+    infrastructure_refusals: Mapping[str, int] | None = None
+    infrastructure_wait_ms: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -108,6 +118,13 @@ class AttemptRecord:
             doc["retryAfterMs"] = self.retry_after_ms
         if self.tokens is not None:
             doc["tokens"] = self.tokens
+        if self.cost_usd is not None:
+            doc["costUsd"] = self.cost_usd
+        if self.permit_held is not None:
+            doc["permitHeld"] = dict(self.permit_held)
+        if self.infrastructure_refusals:
+            doc["infrastructureRefusals"] = dict(self.infrastructure_refusals)
+            doc["infrastructureWaitMs"] = self.infrastructure_wait_ms or 0.0
         return doc
 
     @classmethod
@@ -127,6 +144,10 @@ class AttemptRecord:
             tokens=doc.get("tokens"),
             started_ms=doc.get("startedMs", 0.0),
             ended_ms=doc.get("endedMs", 0.0),
+            cost_usd=doc.get("costUsd"),
+            permit_held=doc.get("permitHeld"),
+            infrastructure_refusals=doc.get("infrastructureRefusals"),
+            infrastructure_wait_ms=doc.get("infrastructureWaitMs"),
         )
 
 

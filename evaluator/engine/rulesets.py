@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import string
+from collections import Counter
 from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,9 +17,21 @@ from evaluator.engine import parsing
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.outputs import OutputSpec
 
-__all__ = ["Binding", "Decision", "RetryPolicy", "Ruleset", "Target", "prompt_values"]
+__all__ = [
+    "DEFAULT_MAX_PROMPT_CHARS",
+    "Binding",
+    "Decision",
+    "RetryPolicy",
+    "Ruleset",
+    "Target",
+    "prompt_values",
+]
 
 MAX_DECISIONS = 10_000
+# The most characters one rendered prompt may hold unless the host says otherwise: about a
+# 128k-token context window at four characters per token.
+DEFAULT_MAX_PROMPT_CHARS = 512_000
+_PLACEHOLDER = string.Template.pattern
 MAX_FALLBACKS = 8
 MAX_ATTEMPTS_PER_TARGET = 20
 # One day: a longer per-attempt timeout is a configuration mistake, not a plan.
@@ -271,6 +284,23 @@ class Decision:
         """The prompt with its placeholders filled; non-text values are written as JSON."""
         return string.Template(self.prompt).substitute(prompt_values(values))
 
+    def rendered_length(self, texts: Mapping[str, str]) -> int:
+        """How many characters `render` writes with `texts` (from `prompt_values`), counted
+        without rendering, in time linear in the prompt's length."""
+        length = len(self.prompt)
+        # findall returns (escaped, named, braced, invalid) per match; a valid template has
+        # no invalid ones, and counting equal tuples keeps the work in C.
+        for (escaped, named, braced, _), count in Counter(
+            _PLACEHOLDER.findall(self.prompt)
+        ).items():
+            if escaped:
+                length -= count  # "$$" writes "$"
+            elif named:
+                length += count * (len(texts.get(named, "")) - len(named) - 1)
+            elif braced:
+                length += count * (len(texts.get(braced, "")) - len(braced) - 3)
+        return length
+
     @classmethod
     def from_dict(cls, doc: Any, where: str) -> Decision:
         """Parse ``{id, prompt, allowedOutputs | outputSchema, binding}``."""
@@ -367,4 +397,13 @@ class Ruleset:
                 if target.adapter not in known:
                     slot = "primary" if position == 0 else f"fallbacks[{position - 1}]"
                     return f"{where}.decisions[{index}].binding.{slot}.adapter"
+        return None
+
+    def oversized_prompt(self, texts: Mapping[str, str], max_chars: int) -> tuple[int, int] | None:
+        """The index and rendered length of the first decision whose prompt, filled with `texts`,
+        would exceed `max_chars` characters; None when every prompt fits."""
+        for index, decision in enumerate(self.decisions):
+            length = decision.rendered_length(texts)
+            if length > max_chars:
+                return index, length
         return None

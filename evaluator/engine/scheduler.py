@@ -28,6 +28,7 @@ from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.lanes import FairPermits
 from evaluator.engine.outcomes import (
     CANCELLED,
+    ESTIMATE_FAILED,
     EXECUTION_UNCERTAIN,
     SUCCEEDED,
     TIMEOUT,
@@ -36,7 +37,7 @@ from evaluator.engine.outcomes import (
     EvaluationResult,
 )
 from evaluator.engine.receipts import RUNNING, ReceiptJournal, ReceiptKey, ReceiptStore
-from evaluator.engine.rulesets import prompt_values
+from evaluator.engine.rulesets import DEFAULT_MAX_PROMPT_CHARS, Decision, prompt_values
 from evaluator.engine.telemetry import EvaluatorTelemetry
 
 __all__ = ["evaluate_decision_ruleset", "next_step", "scheduler_ceiling"]
@@ -46,18 +47,20 @@ DONE = "done"
 RETRY = "retry"
 NEXT_TARGET = "next-target"
 STOP = "stop"
+# The reason of the unsent attempt a decision records when its prompt would exceed the cap.
+PROMPT_TOO_LARGE = "prompt-too-large"
+# Prompts up to this many characters (template plus rendering) are written on the loop itself.
+INLINE_RENDER_CHARS = 65_536
 
 
-def scheduler_ceiling(
-    request: DecisionEvaluationRequest, profile: Profile, *, receipt_backed: bool
-) -> int:
+def scheduler_ceiling(request: DecisionEvaluationRequest, profile: Profile) -> int:
     """How many decisions may hold a scheduler permit at once.
 
-    1 when the scheduler is disabled or receipts back the run (receipt v2 has one
-    pending-dispatch slot); otherwise the smallest positive ceiling of binding, caller, graph,
-    the principal's, the workspace's and every provider's limits that the ruleset targets.
+    1 when the scheduler is disabled; otherwise the smallest positive ceiling of binding, caller,
+    graph, the principal's, the workspace's and every provider's limits that the ruleset
+    targets. Receipt-backed runs are no exception: receipt v3 holds a slot per call in flight.
     """
-    if not request.scheduler.enabled or receipt_backed:
+    if not request.scheduler.enabled:
         return 1
     ceilings = [
         request.scheduler.binding_concurrency,
@@ -98,6 +101,7 @@ async def evaluate_decision_ruleset(
     receipt_store: ReceiptStore | None = None,
     telemetry: EvaluatorTelemetry | None = None,
     estimate: EstimateFn | None = None,
+    max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
 ) -> EvaluationResult:
     """Evaluate every decision of ``request.ruleset`` and return the outcomes in ruleset order.
 
@@ -105,17 +109,18 @@ async def evaluate_decision_ruleset(
     with ``AdmissionRegistry(clock=loop.clock)`` in tests and the harness). ``adapters`` maps
     every adapter id the ruleset names to an adapter; the adapter id is also the admission
     provider id. With ``receipt_store`` the run is durable and resumable under the request's
-    ``invocation_id``, at concurrency 1. ``estimate(decision, target, prompt)`` overrides the
-    default admission estimate. Raises ``InvalidDefinitionError`` before any call when the
-    request cannot run (unknown adapter, no or conflicting profile, receipt of another ruleset).
+    ``invocation_id``, at the same ceiling. ``estimate(decision, target, prompt)`` overrides the
+    default admission estimate. A decision whose rendered prompt would exceed
+    ``max_prompt_chars`` is never rendered: each of its targets records an unsent
+    ``estimate-failed`` attempt with the reason ``prompt-too-large``. Raises
+    ``InvalidDefinitionError`` before any call when the request cannot run (unknown adapter,
+    no or conflicting profile, receipt of another ruleset).
     """
     if not isinstance(request, DecisionEvaluationRequest):
         raise InvalidDefinitionError("request", "must be a DecisionEvaluationRequest")
     _check_adapters(request, adapters)
     controller = _controller_for(request, registry)
-    ceiling = scheduler_ceiling(
-        request, controller.profile, receipt_backed=receipt_store is not None
-    )
+    ceiling = scheduler_ceiling(request, controller.profile)
     journal = None
     if receipt_store is not None:
         journal = await ReceiptJournal.open(
@@ -130,7 +135,17 @@ async def evaluate_decision_ruleset(
             return _from_receipt(request, journal, ceiling)
     if telemetry is not None:
         telemetry.watch(registry)
-    run = _Run(request, controller, registry, adapters, ceiling, journal, telemetry, estimate)
+    run = _Run(
+        request,
+        controller,
+        registry,
+        adapters,
+        ceiling,
+        journal,
+        telemetry,
+        estimate,
+        max_prompt_chars=max_prompt_chars,
+    )
     try:
         return await run.execute()
     finally:
@@ -204,10 +219,13 @@ class _Run:
         journal: ReceiptJournal | None,
         telemetry: EvaluatorTelemetry | None,
         estimate: EstimateFn | None,
+        *,
+        max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
     ) -> None:
         self.request = request
         self.ruleset = request.ruleset
         self.prompt_values = prompt_values(request.input)
+        self.max_prompt_chars = max_prompt_chars
         self.adapters = adapters
         self.journal = journal
         self.loop = asyncio.get_running_loop()
@@ -239,8 +257,8 @@ class _Run:
             shadow=shadow,
         )
         self.ceiling = ceiling
-        # Serial and receipt-backed runs keep their single permit through a backoff.
-        self.keep_permit = not request.scheduler.enabled or journal is not None
+        # Serial runs keep their single permit through a backoff.
+        self.keep_permit = not request.scheduler.enabled
         self.permits: FairPermits[int] = FairPermits(ceiling, self._start)
         self.outcomes: list[DecisionOutcome | None] = [None] * len(self.ruleset.decisions)
         self.stopped_unstarted: list[int] = []
@@ -282,11 +300,8 @@ class _Run:
                 unsubscribe()
         status = self.stop_status() if self.stopped else "completed"
         if journal is not None:
-            for index in self.stopped_unstarted:
-                outcome = self.outcomes[index]
-                assert outcome is not None
-                await journal.finish_decision(index, outcome)
-            await journal.finish(status)
+            unstarted = [(index, self.outcomes[index]) for index in self.stopped_unstarted]
+            await journal.finish(status, [(i, o) for i, o in unstarted if o is not None])
         decisions = tuple(outcome for outcome in self.outcomes if outcome is not None)
         return EvaluationResult(
             invocation_id=self.request.invocation_id,
@@ -310,6 +325,9 @@ class _Run:
                 task.cancel()
             if self.tasks:
                 await asyncio.gather(*self.tasks, return_exceptions=True)
+            if self.journal is not None:
+                # Leave no receipt write running behind the run.
+                await self.journal.settle()
             raise
 
     def _lane(self, index: int) -> tuple[str, str, str]:
@@ -367,7 +385,7 @@ class _Run:
 
     async def _run_decision(self, index: int, permit: list[bool]) -> DecisionOutcome:
         decision = self.ruleset.decisions[index]
-        prompt = decision.render(self.prompt_values)
+        prompt = await self._render(decision)
         attempts: list[AttemptRecord] = (
             self.journal.attempts(index) if self.journal is not None else []
         )
@@ -379,9 +397,12 @@ class _Run:
             while number <= target.retry.max_attempts:
                 if self.signal.cancelled:
                     return self._stopped(decision.id, attempts)
-                record, output = await run_attempt(
-                    self.ctx, index, decision, prompt, target_index, target, number
-                )
+                if prompt is None:
+                    record, output = self._prompt_refused(target_index, target, number), None
+                else:
+                    record, output = await run_attempt(
+                        self.ctx, index, decision, prompt, target_index, target, number
+                    )
                 attempts.append(record)
                 if record.evidence is not None and record.evidence.get("decision") == "admit":
                     self.admitted[target.adapter] = self.admitted.get(target.adapter, 0) + 1
@@ -413,6 +434,30 @@ class _Run:
         # Resumed past the last target without a terminal record (defensive).
         status = attempts[-1].outcome if attempts else self.stop_status()
         return DecisionOutcome(decision.id, status, None, tuple(attempts))
+
+    async def _render(self, decision: Decision) -> str | None:
+        """The decision's prompt, or None when it would exceed the run's prompt cap."""
+        length = decision.rendered_length(self.prompt_values)
+        if length > self.max_prompt_chars:
+            return None
+        if length + len(decision.prompt) <= INLINE_RENDER_CHARS:
+            return decision.render(self.prompt_values)
+        # A long prompt is written on a thread: the loop keeps serving other runs meanwhile.
+        return await asyncio.to_thread(decision.render, self.prompt_values)
+
+    def _prompt_refused(self, target_index: int, target: Any, number: int) -> AttemptRecord:
+        now = self.ctx.elapsed_ms()
+        return AttemptRecord(
+            target_index=target_index,
+            adapter_id=target.adapter,
+            model=target.model,
+            number=number,
+            sent=False,
+            outcome=ESTIMATE_FAILED,
+            reason=PROMPT_TOO_LARGE,
+            started_ms=now,
+            ended_ms=now,
+        )
 
     def _attempt_budget_left(self, provider_id: str) -> bool:
         """Whether the invocation's attempt budgets (principal, workspace, provider) still allow
@@ -456,8 +501,8 @@ class _Run:
     async def _backoff(self, wait_ms: float, permit: list[bool]) -> bool:
         """Sleep before a retry; False when the run was stopped meanwhile.
 
-        A scheduled run without receipts lends its permit out while it sleeps and takes one
-        back ahead of unstarted work; serial and receipt-backed runs keep theirs.
+        A scheduled run lends its permit out while it sleeps and takes one back ahead of
+        unstarted work; a serial run keeps its one permit.
         """
         if self.signal.cancelled:
             return False

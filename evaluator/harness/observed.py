@@ -109,6 +109,7 @@ class ObservedAdapter:
         self._adapter = adapter
         self._tally = tally
         self.idempotent = bool(getattr(adapter, "idempotent", False))
+        self.abort_cutoff_ms = getattr(adapter, "abort_cutoff_ms", None)
 
     async def invoke(self, call: Any) -> Any:
         self._tally.activate()

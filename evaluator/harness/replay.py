@@ -104,7 +104,12 @@ class TimelineDriver:
 
     def _report_progress(self) -> None:
         assert self.progress is not None
-        self.progress(min(self.clock.monotonic_ms() / self.end_ms, 1.0))
+        try:
+            self.progress(min(self.clock.monotonic_ms() / self.end_ms, 1.0))
+        except Exception as error:
+            # The host stops the run from its progress callback (a cancel, a lost claim).
+            self._fail(error)
+            return
         if self._pending is not None:
             self.loop.call_later(self.end_ms / 100_000.0, self._report_progress)
 

@@ -224,7 +224,7 @@ def _run_gate(
 ) -> tuple[SchedulerGateReport, LoadTally]:
     gate = _Gate(manifest, arrivals)
     probe = gate.request(arrivals[:1])
-    ceiling = scheduler_ceiling(probe, gate.profile, receipt_backed=False)
+    ceiling = scheduler_ceiling(probe, gate.profile)
     try:
         gate.loop.run_until_complete(gate.run())
     finally:

@@ -265,7 +265,8 @@ def test_admin_offers_each_action_only_where_its_role_allows(make_user, workspac
     client = _admin(vera)
     choices = client.get("/admin/admission/profileversion/").context["action_form"]
     offered = [name for name, _ in choices.fields["action"].choices if name]
-    assert offered == ["approve_selected", "reject_selected"]
+    # An approver may propose, so may ask for a what-if of a proposal; not activate.
+    assert offered == ["approve_selected", "reject_selected", "run_what_if"]
     _act(client, "profileversion", "activate_selected", version)
     assert not ProfileChangeRecord.objects.exists()
 

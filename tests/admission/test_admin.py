@@ -197,8 +197,13 @@ def test_activate_and_rollback_actions(workspace, proposer, approver, approved):
     assert "second operator" in _messages(requested)[0]
     request = RollbackRequest.objects.get()
 
-    own = _act(_login(proposer), ROLLBACKS_URL, "approve_rollbacks", [request], post="yes")
-    assert "someone other" in _messages(own)[0]
+    own = _act(_login(proposer), ROLLBACKS_URL, "approve_rollbacks", [request])
+    # Refused up front, with the reason, and no checklist page.
+    assert _messages(own) == [
+        "Not offered: you requested rollback to acme:v1 (pending), so a second person must "
+        "decide it (four-eyes rule of RUN-JEV-ADMISSION-v1)."
+    ]
+    assert "decision_form" not in own.content.decode()
     approved_page = _act(client, ROLLBACKS_URL, "approve_rollbacks", [request], post="yes")
     assert _messages(approved_page) == ["Rolled acme back to v1."]
     assert ProfileChangeRecord.objects.order_by("-id").first().kind == "rollback"

@@ -167,6 +167,23 @@ def test_propose_invalid_profile_is_400_naming_the_field(workspace, member, make
     assert not ProfileVersion.objects.exists()
 
 
+def test_propose_lists_every_problem_of_the_document(workspace, member, make_document):
+    document = make_document("v1")
+    document["workspace"]["concurrency"] = 0
+    document["providers"]["jev"]["maxQueueLength"] = "many"
+    document["bogus"] = 1
+    response = _client(member).post(
+        "/api/workspaces/acme/profiles/", {"document": document}, format="json"
+    )
+    assert response.status_code == 400
+    assert response.data["error"]["fields"]["document"] == [
+        "bogus: unknown key",
+        "workspace.concurrency: must be at least 1, got 0",
+        "providers.jev.maxQueueLength: must be an integer, got a string",
+    ]
+    assert not ProfileVersion.objects.exists()
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [({}, "document"), ({"document": [1, 2]}, "document"), ({"document": "{}"}, "document")],

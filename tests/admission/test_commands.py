@@ -12,6 +12,8 @@ from unittest import mock
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.test import Client
+from knox.models import AuthToken
 
 from admission import services
 from admission.models import ProfileChangeRecord, ProfileVersion
@@ -248,3 +250,31 @@ def test_rollout_controls_from_the_shell(workspace, proposer, approver, approved
         "canary-start",
         "canary-promote",
     ]
+
+
+def test_wrong_shell_passwords_count_toward_the_sign_in_lockout(proposer, workspace, settings):
+    wrong = {"SLUICE_PROFILES_PASSWORD": "wrong-password"}
+    args = ("history", "--workspace", "acme", "--user", "pat")
+    for attempt in range(1, settings.AXES_FAILURE_LIMIT + 1):
+        said = "locked out" if attempt == settings.AXES_FAILURE_LIMIT else "wrong or expired"
+        with mock.patch.dict(os.environ, wrong), pytest.raises(CommandError, match=said):
+            call_command("profiles", *args, stdout=io.StringIO())
+    # Locked out: the right password is refused too, here and at the admin's sign-in.
+    with pytest.raises(CommandError, match="locked out after too many failed sign-ins"):
+        _profiles(*args)
+    login = Client().post("/admin/login/", {"username": "pat", "password": "pat-password"})
+    assert login.status_code == 429
+    # An API token still proves who the user is: the lockout guards passwords.
+    _, token = AuthToken.objects.create(user=proposer)
+    with mock.patch.dict(os.environ, {"SLUICE_PROFILES_TOKEN": token}):
+        call_command("profiles", *args, stdout=io.StringIO())
+
+
+def test_a_right_shell_password_resets_the_failure_count(proposer, workspace, settings):
+    wrong = {"SLUICE_PROFILES_PASSWORD": "wrong-password"}
+    args = ("history", "--workspace", "acme", "--user", "pat")
+    for _ in range(2):
+        for _ in range(settings.AXES_FAILURE_LIMIT - 1):
+            with mock.patch.dict(os.environ, wrong), pytest.raises(CommandError):
+                call_command("profiles", *args, stdout=io.StringIO())
+        _profiles(*args)

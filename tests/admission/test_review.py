@@ -4,6 +4,7 @@ omitted and zero limits spelled out, and the rest of the operator's pages around
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -39,8 +40,8 @@ def _messages(response: Any) -> list[str]:
 
 @pytest.fixture
 def load_runner(approver: Any, workspace: Any, proposer: Any, monkeypatch: Any) -> Any:
-    """alex, an operator, may start load runs (and so what-if runs); pat, only an approver
-    here, may not. The shell proves alex's identity with his password."""
+    """alex, an operator, may start load runs and what-if runs; pat, only an approver here,
+    may start what-if runs, not load runs. The shell proves alex's identity with his password."""
     WorkspaceMembership.objects.filter(workspace=workspace, user=proposer).update(role="approver")
     monkeypatch.setenv("SLUICE_PROFILES_PASSWORD", "alex-password")
     return approver
@@ -90,6 +91,12 @@ def test_what_if_action_runs_beside_the_version_and_the_approval_page_shows_it(
     page = _act(client, "approve_selected", [v2])
     html = page.content.decode()
     assert "FAILS" in html
+    # The what-if record: its charts, and figures rounded for reading; the record keeps them.
+    section = html[html.index('class="what-if-runs"') :]
+    assert section.count("<svg") >= 2
+    assert not re.search(r"\d\.\d{5,}", section), re.findall(r"\d\.\d{5,}", section)
+    whole = [c["observed"] for c in done.record["comparisons"] if isinstance(c["observed"], float)]
+    assert any(len(repr(value).split(".")[-1]) > 4 for value in whole)
     assert "minimumQuietPrincipalAdmissionRatio" in html
     # The limits diff against the current version v1, field by field.
     rows = page.context["reviews"][0][0].limits
@@ -149,8 +156,10 @@ def test_what_if_command_errors_are_typed(
         call_command(*base, "--user", "alex", "--map-principal", "nobody=noisy")
     with pytest.raises(CommandError, match="MANIFEST_ID=PROFILE_ID"):
         call_command(*base, "--user", "alex", "--map-provider", "jev")
+    # A what-if run qualifies a proposal: a member who may not propose may not ask for one.
+    WorkspaceMembership.objects.filter(workspace=workspace, user=proposer).update(role="member")
     monkeypatch.setenv("SLUICE_PROFILES_PASSWORD", "pat-password")
-    with pytest.raises(CommandError, match="you may not start load runs in workspace acme"):
+    with pytest.raises(CommandError, match="you may not start what-if runs in workspace acme"):
         call_command(*base, "--user", "pat")
     monkeypatch.setenv("SLUICE_PROFILES_PASSWORD", "alex-password")
     with pytest.raises(CommandError, match="no profile version 'v9'"):
@@ -208,15 +217,19 @@ def test_the_what_if_form_reports_a_bad_mapping_on_the_page(
         client, "run_what_if", [version], mapping='{"providers": {"jev": "nope"}}', **extra
     )
     assert _messages(refused) == [
-        "acme:v1: mapping.providers.jev: the profile has no provider 'nope' (it has jev, "
-        "llm-subagent)"
+        "Refused: acme:v1: mapping.providers.jev: the profile has no provider 'nope' (it has "
+        "jev, llm-subagent)"
     ]
     assert not LoadRun.objects.exists()
 
 
-def test_the_what_if_action_needs_the_operator_role(workspace, proposer, load_runner):
+def test_the_what_if_action_needs_a_role_that_may_propose(workspace, proposer, load_runner):
+    # pat is an approver here (who may also propose): a what-if qualifies a proposal.
     choices = _login(proposer).get(VERSIONS_URL).context["action_form"].fields["action"].choices
-    assert "run_what_if" not in [name for name, _ in choices]
+    assert "run_what_if" in [name for name, _ in choices]
+    WorkspaceMembership.objects.filter(workspace=workspace, user=proposer).update(role="viewer")
+    # A viewer is offered no action at all.
+    assert _login(proposer).get(VERSIONS_URL).context["action_form"] is None
 
 
 def test_refusals_do_not_repeat_the_label(workspace, proposer, make_document):
@@ -225,7 +238,11 @@ def test_refusals_do_not_repeat_the_label(workspace, proposer, make_document):
     )
     checks = {f"check_{key}": "on" for key, _ in services.RUNBOOK_CHECKLIST}
     refused = _act(_login(proposer), "approve_selected", [version], post="yes", **checks)
-    assert _messages(refused) == ["acme:v1 was proposed by pat; a second person must decide it"]
+    # Refused before the checklist, once, and the key keeps its case.
+    assert _messages(refused) == [
+        "Not offered: you proposed acme:v1, so a second person must decide it (four-eyes rule "
+        "of RUN-JEV-ADMISSION-v1)."
+    ]
 
 
 def test_the_rollback_request_asks_for_a_reason_that_the_ledger_shows(

@@ -6,9 +6,19 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from config import health
 from tests.config.web_process import WebServer, manage, sluice_env
 from tests.private_services import PrivatePostgres, PrivateRedis
 from tests.service.conftest import wait_for as wait_until
+
+
+@pytest.fixture(autouse=True)
+def _fresh_answers(settings):
+    # The kept answer belongs to the process: a test must not see an earlier test's.
+    settings.SLUICE_READYZ_CACHE_SECONDS = 0
+    health._kept.clear()
+    yield
+    health._kept.clear()
 
 
 def _statuses(response) -> dict[str, str]:
@@ -38,6 +48,8 @@ def test_readyz_follows_database_migrations_broker_and_redis(
         DATABASE_URL=private_postgres.url,
         CELERY_BROKER_URL=private_redis.url,
         SLUICE_HEALTH_TIMEOUT_SECONDS="1",
+        # Every probe here must see the servers' state of that moment.
+        SLUICE_READYZ_CACHE_SECONDS="0",
     )
     web = WebServer(env, tmp_path / "web.log", "--no-collectstatic")
     try:
@@ -131,3 +143,44 @@ def test_healthz_answers_any_host_and_only_reads(client):
     assert client.head("/healthz/").status_code == 200
     refused = client.post("/readyz")
     assert refused.status_code == 405 and refused["Allow"] == "GET, HEAD"
+
+
+@pytest.mark.django_db
+def test_readyz_keeps_its_answer_briefly_and_reads_the_migration_graph_once(
+    settings, django_assert_num_queries, monkeypatch
+):
+    client = Client()
+    first = client.get("/readyz")
+    assert first.status_code == 200, first.content
+
+    settings.SLUICE_READYZ_CACHE_SECONDS = 30
+    kept = client.get("/readyz")
+    with django_assert_num_queries(0):
+        again = client.get("/readyz")
+    assert again.json() == kept.json()
+
+    # Every migration was found applied once: later checks never build the graph again.
+    def no_graph(*args, **kwargs):
+        raise AssertionError("the migration graph was read again")
+
+    monkeypatch.setattr(health, "MigrationExecutor", no_graph)
+    settings.SLUICE_READYZ_CACHE_SECONDS = 0
+    fresh = client.get("/readyz")
+    assert fresh.status_code == 200 and _statuses(fresh)["migrations"] == "ok"
+
+
+def test_readyz_answers_one_address_at_most_its_rate_a_second(settings, monkeypatch):
+    settings.SLUICE_READYZ_PER_SECOND = 3
+    now = [1000.2]
+    monkeypatch.setattr(health, "_readyz_rate", health._PerAddressRate(clock=lambda: now[0]))
+    monkeypatch.setattr(health, "readiness", lambda **kwargs: (True, []))
+    prober = Client(REMOTE_ADDR="192.0.2.7")
+    assert [prober.get("/readyz").status_code for _ in range(4)] == [200, 200, 200, 429]
+    refused = prober.get("/readyz")
+    assert refused["Retry-After"] == "1" and refused.json()["error"]["type"] == "throttled"
+    # Another address has its own count; the next second starts a new one.
+    assert Client(REMOTE_ADDR="192.0.2.8").get("/readyz").status_code == 200
+    now[0] = 1001.0
+    assert prober.get("/readyz").status_code == 200
+    # Liveness is never throttled.
+    assert all(prober.get("/healthz").status_code == 200 for _ in range(10))

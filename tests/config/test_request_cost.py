@@ -18,7 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
+from admission import services as admission_services
 from config.untrusted_json import UntrustedJSONError, load_untrusted_json, nesting_depth
+from evaluator.forms import example_request
+from evaluator.models import EvaluationRun
 from tests.config.web_process import WebServer
 from tests.service.conftest import Deployment
 
@@ -132,6 +135,37 @@ def test_a_signed_in_staff_user_without_membership_pays_the_linear_check_only(dj
     assert time.process_time() - started < 1.0
     assert response.status_code in (400, 403, 405), response.content
     assert response.status_code != 500
+
+
+@pytest.mark.django_db
+def test_a_submission_over_the_prompt_cap_is_a_400_naming_the_prompt(
+    proposer, approver, workspace, approved, settings
+):
+    admission_services.profile_version_activate(version=approved("v1"), actor=approver)
+    settings.SLUICE_MAX_PROMPT_CHARS = 10_000
+    client = APIClient()
+    client.force_authenticate(proposer)
+    document = example_request()
+    document["ruleset"]["decisions"].append(
+        {**document["ruleset"]["decisions"][0], "id": "expands", "prompt": "${big}" * 3}
+    )
+    document["input"]["big"] = "y" * 4_000
+    response = client.post(
+        "/api/workspaces/acme/evaluations/", json.dumps(document), content_type="application/json"
+    )
+    assert response.status_code == 400, response.content
+    fields = response.json()["error"]["fields"]
+    field = f"ruleset.decisions[{len(document['ruleset']['decisions']) - 1}].prompt"
+    assert list(fields) == [field]
+    assert "renders to 12000 characters" in fields[field][0]
+    assert "SLUICE_MAX_PROMPT_CHARS" in fields[field][0]
+    assert not EvaluationRun.objects.exists()
+
+    document["input"]["big"] = "y" * 3_000
+    accepted = client.post(
+        "/api/workspaces/acme/evaluations/", json.dumps(document), content_type="application/json"
+    )
+    assert accepted.status_code == 201, accepted.content
 
 
 # --------------------------------------------------------------------------- a real web server

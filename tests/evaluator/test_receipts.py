@@ -46,7 +46,7 @@ class CrashAfterDispatch:
         if self.armed:
             raise SimulatedCrash
         await self.inner.update(key, document, expected_revision=expected_revision)
-        if document["pendingDispatch"] is not None:
+        if document["pendingDispatches"]:
             self.armed = True
 
 
@@ -256,7 +256,7 @@ def test_CNC_ADMIT_RECEIPT_001_every_rejection_is_recorded_not_sent_and_terminal
     # The receipt reached its normal terminal state, with the typed attempt in it.
     assert document["state"] == result.status
     assert document["state"] in ("completed", "cancelled", "timeout")
-    assert document["pendingDispatch"] is None
+    assert document["pendingDispatches"] == []
     (entry,) = document["decisions"]
     assert entry["status"] == outcome
     assert entry["attempts"][0]["sent"] is False
@@ -299,7 +299,7 @@ def test_CNC_ADMIT_RECEIPT_002_dispatched_attempt_with_unknown_outcome_is_execut
     assert d1.status == "execution-uncertain" and d1.attempts[0].reason == "timeout"
     assert d2.status == "succeeded"
     assert document["state"] == "completed"
-    assert document["pendingDispatch"] is None
+    assert document["pendingDispatches"] == []
     assert [e["status"] for e in document["decisions"]] == [
         "execution-uncertain",
         "execution-uncertain",
@@ -333,7 +333,8 @@ def test_CNC_ADMIT_RECEIPT_002_a_crash_after_dispatch_resumes_as_uncertain_never
 
     after_crash, resumed, again, fake, document = run_virtual(main)
     assert after_crash["state"] == "running"
-    assert after_crash["pendingDispatch"]["decisionIndex"] == 0
+    (slot,) = after_crash["pendingDispatches"]
+    assert (slot["decisionId"], slot["decisionIndex"], slot["number"]) == ("d0", 0, 1)
     assert resumed.resumed is True
     d0 = resumed.decisions[0]
     assert d0.status == "execution-uncertain"
@@ -341,7 +342,7 @@ def test_CNC_ADMIT_RECEIPT_002_a_crash_after_dispatch_resumes_as_uncertain_never
     assert [d.status for d in resumed.decisions[1:]] == ["succeeded", "succeeded"]
     # d0 was dispatched once, before the crash; the resumed run never sent it again.
     assert [c.decision_id for c in fake.calls] == ["d0", "d1", "d2"]
-    assert document["state"] == "completed" and document["pendingDispatch"] is None
+    assert document["state"] == "completed" and document["pendingDispatches"] == []
     # A finished receipt answers from itself.
     assert again.resumed is True and again.to_dict()["decisions"] == resumed.to_dict()["decisions"]
 
@@ -365,7 +366,7 @@ def test_CNC_ADMIT_RECEIPT_002_a_failing_estimate_callback_is_not_sent(store_fac
     assert fake.calls == []
     assert attempt.sent is False and attempt.outcome == "estimate-failed"
     assert result.decisions[0].status != "execution-uncertain"
-    assert document["state"] == "completed" and document["pendingDispatch"] is None
+    assert document["state"] == "completed" and document["pendingDispatches"] == []
 
 
 def test_CNC_ADMIT_RECEIPT_003_target_timeout_while_queued_is_a_timeout(store_factory):

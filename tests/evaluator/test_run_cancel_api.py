@@ -68,7 +68,10 @@ def test_a_queued_run_is_cancelled_at_once(demo):
         "decisionsDone": 0,
         "outcomes": {},
         "attempts": 0,
-        "inFlight": None,
+        "inFlight": [],
+        "maxInFlight": 0,
+        "refusals": {},
+        "outage": None,
     }
 
     response = _cancel(client, run["id"])
@@ -237,18 +240,23 @@ def test_a_running_run_shows_its_progress_from_the_receipt_its_worker_writes(dem
         "decisionsDone": 1,
         "outcomes": {"succeeded": 1},
         "attempts": 1,
-        "inFlight": {
-            "decisionId": "check-2",
-            "adapterId": "fake",
-            "model": "demo-model",
-            "number": 1,
-            "evidence": {
-                "decision": "admit",
-                "reason": "admitted",
-                "queueDelayMs": 1.5,
-                "active": 1,
-            },
-        },
+        "inFlight": [
+            {
+                "decisionId": "check-2",
+                "adapterId": "fake",
+                "model": "demo-model",
+                "number": 1,
+                "evidence": {
+                    "decision": "admit",
+                    "reason": "admitted",
+                    "queueDelayMs": 1.5,
+                    "active": 1,
+                },
+            }
+        ],
+        "maxInFlight": 1,
+        "refusals": {},
+        "outage": None,
     }
     assert [
         (a["decisionId"], a["outcome"], a["evidence"]["decision"]) for a in body["attempts"]
@@ -279,6 +287,68 @@ def test_a_queued_run_with_a_receipt_keeps_what_it_recorded_and_the_receipt_is_c
     assert receipt.pending_dispatch is False
     assert receipt.document["state"] == "cancelled"
     assert receipt.document["revision"] == 5
+    # The v2 receipt was closed as v3, its one slot resolved.
+    assert receipt.schema == receipt.document["schema"] == "decision-evaluation-receipt/v3"
+    assert receipt.document["pendingDispatches"] == []
+    assert "pendingDispatch" not in receipt.document
+
+
+def _v3_with_two_calls_in_flight(run: EvaluationRun) -> Receipt:
+    v2 = _receipt_document(run)
+    slot = {"decisionId": "check-2", **v2.pop("pendingDispatch")}
+    third = {**slot, "decisionId": "check-3", "decisionIndex": 2, "startedMs": 13.0}
+    document = {
+        **v2,
+        "schema": "decision-evaluation-receipt/v3",
+        "pendingDispatches": [third, slot],
+        "maxPendingDispatches": 3,
+    }
+    return Receipt.objects.create(
+        workspace_id="demo",
+        principal_id=run.principal_id,
+        invocation_id=run.invocation_id,
+        ruleset_id=run.ruleset_id,
+        ruleset_digest=run.ruleset_digest,
+        schema=document["schema"],
+        state="running",
+        revision=document["revision"],
+        pending_dispatch=True,
+        document=document,
+    )
+
+
+def test_progress_shows_every_call_in_flight_and_a_cancel_resolves_every_slot(demo):
+    mia = _user("mia", demo)
+    client = _client(mia)
+    submitted = _submit(client)
+    run = EvaluationRun.objects.get(pk=submitted["id"])
+    EvaluationRun.objects.filter(pk=run.pk).update(status="running", deliveries=1)
+    receipt = _v3_with_two_calls_in_flight(run)
+
+    progress = client.get(f"{RUNS}{run.pk}/").json()["progress"]
+    assert [(f["decisionId"], f["number"]) for f in progress["inFlight"]] == [
+        ("check-2", 1),
+        ("check-3", 1),
+    ]
+    assert progress["maxInFlight"] == 3
+
+    # Taken back to the backlog (its worker died), then cancelled while queued.
+    EvaluationRun.objects.filter(pk=run.pk).update(status="queued")
+    body = _cancel(client, submitted["id"]).json()
+    assert [(d["decisionId"], d["status"]) for d in body["result"]["decisions"]] == [
+        ("check-1", "succeeded"),
+        ("check-2", "execution-uncertain"),
+        ("check-3", "execution-uncertain"),
+    ]
+    assert [(a["decisionId"], a["reason"]) for a in body["attempts"]] == [
+        ("check-1", "answered"),
+        ("check-2", "dispatch-unconfirmed"),
+        ("check-3", "dispatch-unconfirmed"),
+    ]
+    receipt.refresh_from_db()
+    assert receipt.state == "cancelled" and receipt.pending_dispatch is False
+    assert receipt.document["pendingDispatches"] == []
+    assert receipt.document["maxPendingDispatches"] == 3
 
 
 def test_a_ruleset_above_the_deployment_limit_is_a_typed_400_naming_the_field(demo, settings):

@@ -75,7 +75,7 @@ def test_a_running_runs_page_shows_its_progress_and_cancels_it_with_one_button(
         page.goto(f"/admin/evaluator/evaluationrun/{running.pk}/change/")
         expect(page.locator(".field-progress .readonly")).to_have_text(
             "1 of 3 decisions done (1 succeeded) · 1 attempts · "
-            "in flight: check-2 on fake #1 (admission: admit)"
+            "1 in flight: check-2 on fake #1 (admission: admit) · at most 1 in flight at once"
         )
         attempts = page.locator(".field-attempts_table tbody tr")
         expect(attempts).to_have_count(1)

@@ -178,12 +178,18 @@ def retry_adapter():
     )
 
 
-def test_CNC_SCHED_BACKOFF_001_scheduled_retry_lends_its_permit_out_during_backoff():
+@pytest.mark.parametrize("receipts", [False, True], ids=["no-receipts", "receipts"])
+def test_CNC_SCHED_BACKOFF_001_scheduled_retry_lends_its_permit_out_during_backoff(receipts):
     async def main(loop):
         registry = registry_with(loop, profile())
         fake = retry_adapter()
         req = request(retry_ruleset(), scheduler={"enabled": True, "bindingConcurrency": 1})
-        result = await evaluate_decision_ruleset(req, registry=registry, adapters={"fake": fake})
+        result = await evaluate_decision_ruleset(
+            req,
+            registry=registry,
+            adapters={"fake": fake},
+            receipt_store=InMemoryReceiptStore() if receipts else None,
+        )
         return result, fake
 
     result, fake = run_virtual(main)
@@ -223,17 +229,13 @@ def test_CNC_SCHED_BACKOFF_002_a_retry_resumes_ahead_of_work_that_has_not_starte
     assert [d.decision_id for d in result.decisions] == ["d0", "d1", "d2", "d3"]
 
 
-@pytest.mark.parametrize("mode", ["serial", "receipts"])
-def test_CNC_SCHED_BACKOFF_003_serial_and_receipt_runs_hold_the_permit_through_backoff(mode):
+@pytest.mark.parametrize("receipts", [False, True], ids=["no-receipts", "receipts"])
+def test_CNC_SCHED_BACKOFF_003_serial_runs_hold_the_permit_through_backoff(receipts):
     async def main(loop):
         registry = registry_with(loop, profile())
         fake = retry_adapter()
-        store = None
-        if mode == "serial":
-            req = request(retry_ruleset())
-        else:
-            store = InMemoryReceiptStore()
-            req = request(retry_ruleset(), scheduler={"enabled": True, "bindingConcurrency": 4})
+        store = InMemoryReceiptStore() if receipts else None
+        req = request(retry_ruleset(), scheduler={"enabled": False, "bindingConcurrency": 4})
         result = await evaluate_decision_ruleset(
             req, registry=registry, adapters={"fake": fake}, receipt_store=store
         )

@@ -68,7 +68,7 @@ def _refusal(workspace: Workspace, operator: Any) -> InvalidRunRequest:
 
 
 def test_a_staged_run_keeps_a_verified_record_that_qualifies(staged, server, workspace, operator):
-    run = load_run_submit(workspace, operator, MANIFEST, "staged-provider", enqueue=False)
+    run = load_run_submit(workspace, operator, MANIFEST, "staged-provider")
     done = load_run_execute(run.pk)
     assert done.status == "completed", done.error
     assert done.passed is True
@@ -84,7 +84,7 @@ def test_a_staged_run_against_a_failing_provider_does_not_qualify(
     staged, server, workspace, operator
 ):
     server.default = Reply(status=503)
-    run = load_run_submit(workspace, operator, MANIFEST, "staged-provider", enqueue=False)
+    run = load_run_submit(workspace, operator, MANIFEST, "staged-provider")
     done = load_run_execute(run.pk)
     assert done.status == "completed" and done.passed is False
     assert evidence_flags([done.record])[FLAG_QUALIFIED] is False

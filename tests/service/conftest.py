@@ -46,7 +46,12 @@ _CONTROLLED = (
     "SLUICE_DISPATCH_POLL_SECONDS",
     "SLUICE_RUN_HEARTBEAT_SECONDS",
     "SLUICE_RUN_STALE_SECONDS",
+    "SLUICE_ADMISSION_SNAPSHOT_SECONDS",
     "SLUICE_TEST_HOLD_PUBLISH",
+    "SLUICE_TEST_HOLD_LOAD_RUN",
+    "SLUICE_WORKER_LOAD_SLOTS",
+    "SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT",
+    "SLUICE_WORKSPACE_LOAD_RUNS_QUEUED",
     "DJANGO_SETTINGS_MODULE",
 )
 
@@ -297,9 +302,11 @@ class Deployment:
         assert response.status_code == 200, response.text
         return response.json()
 
-    def wait_run(self, run_id: str, timeout: float = 90, *, load: bool = False) -> dict[str, Any]:
+    def wait_run(
+        self, run_id: str, timeout: float = 90, *, load: bool = False, workspace: str = "demo"
+    ) -> dict[str, Any]:
         kind = "load-runs" if load else "evaluations"
-        path = f"/api/workspaces/demo/{kind}/{run_id}/"
+        path = f"/api/workspaces/{workspace}/{kind}/{run_id}/"
         last: dict[str, Any] = {}
 
         def finished() -> bool:

@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
+from django.contrib.auth import authenticate
+from django.contrib.auth.signals import user_logged_in
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.http import HttpRequest
 from rest_framework.exceptions import AuthenticationFailed
 
 from admission import access, comparisons, rollout, selectors, services
@@ -103,6 +105,13 @@ class Command(BaseCommand):
                 help=f"Map a manifest {section} onto one of the version's; repeat per id.",
             )
         what_if.add_argument("--json", action="store_true", help="Print the whole record.")
+        what_if.add_argument(
+            "--wait",
+            type=float,
+            default=600.0,
+            metavar="SECONDS",
+            help="How long to wait for the run's turn and its end (default 600).",
+        )
 
         switch = commands.add_parser(
             "switch",
@@ -331,13 +340,19 @@ class Command(BaseCommand):
             options["target"],
             what_if_version=version,
             mapping={key: pairs for key, pairs in mapping.items() if pairs} or None,
-            enqueue=False,
         )
-        # Run here rather than on a worker: the operator waits for the verdict.
-        done = load_run_execute(run.pk)
+        # The operator waits for the verdict: the run goes here once it is its turn (the same
+        # per-workspace cap and order as on a worker), unless a worker takes it first.
+        done = load_run_execute(run.pk, wait_seconds=options["wait"])
         assert done is not None
+        if not done.finished:
+            raise CommandError(
+                f"load run {done.pk} is still {done.status} after {options['wait']:g} s (other "
+                "load runs of the workspace go first); it stays queued, see it in the admin"
+            )
         if done.record is None:
-            raise CommandError(f"the what-if run failed: {(done.error or {}).get('detail')}")
+            detail = (done.error or {}).get("detail") or done.status
+            raise CommandError(f"the what-if run did not complete: {detail}")
         if options["json"]:
             self.stdout.write(json.dumps(done.record, indent=2, ensure_ascii=False))
             return
@@ -435,6 +450,11 @@ def _authenticated(username: str) -> Any:
     user = _by_token(token) if token else None
     if user is None or user.get_username() != username:
         user = _by_password(username, password) if password else None
+    if user is _LOCKED_OUT:
+        raise CommandError(
+            f"{username} is locked out after too many failed sign-ins; try again after the "
+            "cool-off (SLUICE_LOGIN_COOLOFF_MINUTES)"
+        )
     if user is None:
         raise CommandError(
             f"could not verify that you are {username}: wrong or expired credentials"
@@ -450,14 +470,25 @@ def _by_token(token: str) -> Any:
     return user
 
 
+_LOCKED_OUT = object()
+# A shell's sign-in counts toward the lockout as one from this machine would.
+SHELL_ADDRESS = "127.0.0.1"
+
+
 def _by_password(username: str, password: str) -> Any:
-    model = get_user_model()
-    user = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
-    if user is None:
-        # Spend the time a real check takes, so the answer does not tell who exists.
-        model().set_password(password)
-        return None
-    return user if user.is_active and user.check_password(password) else None
+    # Through the authentication backends, so a wrong password counts toward the sign-in
+    # lockout (django-axes) like one at the admin's login, and a locked-out user is refused.
+    request = HttpRequest()
+    request.method = "POST"
+    request.path = "/manage.py/profiles"
+    request.META["REMOTE_ADDR"] = SHELL_ADDRESS
+    user = authenticate(request, username=username, password=password)
+    if getattr(request, "axes_locked_out", False):
+        return _LOCKED_OUT
+    if user is not None:
+        # A sign-in as the admin's: it resets the failure count (and notes the last login).
+        user_logged_in.send(sender=user.__class__, request=request, user=user)
+    return user
 
 
 def _check_text(value: str, option: str) -> None:

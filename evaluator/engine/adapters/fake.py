@@ -49,6 +49,10 @@ class FakeAdapter:
     the highest number of calls it ever had in flight in ``max_active``.
     """
 
+    # Its "provider" is this coroutine: it stops working on a call the moment the call is
+    # aborted, so an aborted call's permit is released at once (evaluator/engine/holds.py).
+    abort_cutoff_ms = 0.0
+
     def __init__(
         self,
         script: Mapping[str, Sequence[FakeStep]] | None = None,

@@ -1,0 +1,100 @@
+"""The embedded default shows admission live: with admission kept in the one worker process (no
+Redis), after evaluations `/metrics` has admission decision series with non-zero counts and the
+admin's Live admission page, in a real Chromium, shows the admitted figures and its charts; no
+series carries an id."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from playwright.sync_api import expect, sync_playwright
+from prometheus_client.parser import text_string_to_metric_families
+
+from evaluator.forms import example_request
+
+from .conftest import wait_for
+
+pytestmark = [pytest.mark.celery, pytest.mark.browser]
+
+TOKEN = "metrics-token-0c5e61d2aa"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+
+
+def samples(deployment) -> dict[tuple[str, tuple], float]:
+    response = httpx.get(
+        deployment.web_url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+
+
+def total(found, name: str, **labels: str) -> float:
+    return sum(v for (n, k), v in found.items() if n == name and labels.items() <= dict(k).items())
+
+
+@pytest.mark.parametrize("mode", ["embedded"])
+def test_embedded_admission_is_live_in_metrics_and_on_the_page(deployment, chromium_path, tmp_path):
+    env = {"SLUICE_METRICS_TOKEN": TOKEN, "SLUICE_ADMISSION_SNAPSHOT_SECONDS": "0.5"}
+    deployment.start_web(env)
+    deployment.start_worker(env)
+    runs = [deployment.submit(example_request(4))["id"] for _ in range(3)]
+    for run_id in runs:
+        assert deployment.wait_run(run_id)["status"] == "completed"
+
+    found: dict = {}
+
+    def published() -> bool:
+        nonlocal found
+        found = samples(deployment)
+        return total(found, "sluice_admission_decisions_total", decision="admit") >= 12
+
+    wait_for(published, 30, "the worker's admissions in /metrics")
+    assert total(found, "sluice_admission_coordinated") == 0
+    assert total(found, "sluice_admission_processes") == 1
+    admitted = total(found, "sluice_admission_decisions_total", provider="fake", decision="admit")
+    assert admitted == 12
+    assert total(found, "sluice_admission_queue_delay_seconds_count", provider="fake") == admitted
+    assert total(found, "sluice_admission_limit", provider="fake", limit="concurrency") == 4
+    labels = [value for _, pairs in found for _, value in pairs]
+    proposer = next(u for u in deployment.demo["users"] if u["username"] == "demo-proposer")
+    for value in labels:
+        assert value != "demo" and "demo-" not in value, value
+        assert not any(run_id in value for run_id in runs), value
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(
+                base_url=deployment.web_url, viewport={"width": 1280, "height": 900}
+            )
+            page.set_default_timeout(20_000)
+            page.goto("/admin/login/")
+            page.fill("#id_username", "demo-proposer")
+            page.fill("#id_password", proposer["password"])
+            page.click("input[type=submit]")
+            page.goto("/admin/admission/live/")
+            page.screenshot(path=str(tmp_path / "live-embedded.png"), full_page=True)
+            expect(page.locator("#not-coordinated")).to_have_count(0)
+            expect(page.locator("#published-figures")).to_contain_text("every 0.5 s")
+            demo = page.locator("#workspace-demo")
+            expect(demo.locator(".shared-revision")).to_have_text("demo-v1")
+            cells = demo.locator("tr[data-provider=fake] td")
+            # provider, active, limit, queued, queue limit, breaker, failures, admitted, ...
+            expect(cells.nth(0)).to_have_text("fake")
+            expect(cells.nth(2)).to_have_text("4")
+            expect(cells.nth(5)).to_have_text("closed")
+            expect(cells.nth(7)).to_have_text("12")
+            charts = demo.locator("svg.sluice-chart")
+            expect(charts).to_have_count(5)
+            assert (
+                charts.nth(3)
+                .get_attribute("aria-label")
+                .startswith("Queue delay, last hour: 12 admitted")
+            )
+            expect(charts.nth(2)).to_contain_text("admitted: admitted")
+        finally:
+            browser.close()
