@@ -384,7 +384,8 @@ class RedisCoordinator:
 
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_ms / 1000.0
-        while True:
+        # A cancellation swallowed by a client timeout must not keep a closed loop alive.
+        while not self._closed:
             try:
                 await self._heartbeat()
             except CoordinationUnavailable as error:
@@ -435,9 +436,11 @@ class RedisCoordinator:
 
     async def _listen_loop(self) -> None:
         key = f"{self.settings.prefix}:g:{self.process_id}"
-        while True:
+        # A cancellation swallowed by a client timeout must not keep a closed loop alive.
+        while not self._closed:
             client = self._listen_client
-            assert client is not None
+            if client is None:
+                return
             try:
                 item = await client.blpop([key], timeout=LISTEN_BLOCK_SECONDS)
             except Exception as error:
