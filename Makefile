@@ -50,6 +50,7 @@ bench: install
 	$(BIN)/python benchmarks/shadow.py
 	$(BIN)/python benchmarks/run_progress.py
 	$(BIN)/python benchmarks/request_bounds.py
+	$(BIN)/python benchmarks/outages.py
 
 evidence: install
 	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence
