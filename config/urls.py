@@ -5,12 +5,14 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 from admission.dashboard import dashboard_view
 from config.api_tokens import TokenIssueView
 from config.document_schemas import EvaluationSchemaView, ProfileSchemaView
+from evaluator.usage_admin import usage_view
 
 urlpatterns = [
     # The operator's dashboard, inside the admin (its login and staff check).
     path(
         "admin/admission/live/", admin.site.admin_view(dashboard_view), name="admission-dashboard"
     ),
+    path("admin/usage/", admin.site.admin_view(usage_view), name="usage"),
     path("admin/", admin.site.urls),
     path("runbooks/", include("admission.urls")),
     # The evaluator's routes first: its what-if route lies under a profile's, whose label may

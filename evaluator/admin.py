@@ -26,6 +26,7 @@ from admission.admin import (
     WorkspaceScopedAdminMixin,
     json_block,
 )
+from admission.templatetags.readable import readable_number
 from evaluator import cancellation, load_runs, selectors, services
 from evaluator.engine.receipts import pending_slots
 from evaluator.forms import EvaluationSubmitForm, LoadRunStartForm
@@ -35,7 +36,8 @@ from evaluator.models import EvaluationRun, LoadRun, Receipt
 
 def _table(headers: tuple[str, ...], rows: Any) -> SafeString | str:
     """A small escaped HTML table for a read-only admin field; a dash when there are no rows."""
-    rows = list(rows)
+    # Numbers rounded for reading; the JSON beside keeps every digit.
+    rows = [tuple(readable_number(cell) for cell in row) for row in rows]
     if not rows:
         return "—"
     cells = "".join("<td>{}</td>" for _ in headers)
@@ -258,8 +260,8 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
                 attempt.get("outcome"),
                 attempt.get("reason"),
                 f"{evidence.get('decision', '—')} / {evidence.get('reason', '—')}",
-                evidence.get("queueDelayMs", "—"),
-                evidence.get("active", "—"),
+                readable_number(evidence.get("queueDelayMs", "—")),
+                readable_number(evidence.get("active", "—")),
             )
 
         rows = format_html_join(
