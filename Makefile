@@ -49,6 +49,7 @@ bench: install
 	$(BIN)/python benchmarks/telemetry.py
 	$(BIN)/python benchmarks/shadow.py
 	$(BIN)/python benchmarks/run_progress.py
+	$(BIN)/python benchmarks/usage.py
 
 evidence: install
 	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence
