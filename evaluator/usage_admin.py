@@ -106,15 +106,21 @@ def usage_view(request: HttpRequest) -> HttpResponse:
     context.update(start=start, end=end, preset=preset)
     if workspace is not None:
         rows = usage.usage_hours(workspace, start, end, provider=context["provider"] or None)
-        totals = usage.usage_totals(rows)
+        providers = usage.usage_totals(usage.usage_hours(workspace, start, end), "provider_id")
+        if context["provider"]:
+            total = usage.usage_totals_summed(
+                [p for p in providers if p.key == context["provider"]]
+            )
+        else:
+            total = usage.usage_totals_summed(providers)
         series = usage.usage_series(rows, start, end)
         principals = usage.usage_totals(rows, "principal_id")
         query = {"start": start.isoformat(), "end": end.isoformat()}
         if context["provider"]:
             query["provider"] = context["provider"]
         context.update(
-            total=totals[0] if totals else None,
-            providers=usage.usage_totals(usage.usage_hours(workspace, start, end), "provider_id"),
+            total=total,
+            providers=providers,
             principals=principals[:TOP_PRINCIPALS],
             more_principals=max(0, len(principals) - TOP_PRINCIPALS),
             charts=_charts(series, end),

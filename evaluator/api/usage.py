@@ -99,13 +99,14 @@ class UsageView(_UsageRange):
     def get(self, request: Request, workspace_key: str) -> Response:
         rows, start, end = self.rows(request)
         series = usage.usage_series(rows, start, end)
-        whole = usage.usage_totals(rows)
+        providers = usage.usage_totals(rows, "provider_id")
+        whole = usage.usage_totals_summed(providers)
         return Response(
             {
                 "workspace": self.get_workspace().key,
                 "start": start,
                 "end": end,
-                "totals": _totals(whole[0]) if whole else None,
+                "totals": _totals(whole) if whole is not None else None,
                 "refusedByReason": series["refused_by_reason"],
                 "providers": {t.key: _totals(t) for t in usage.usage_totals(rows, "provider_id")},
                 "principals": {t.key: _totals(t) for t in usage.usage_totals(rows, "principal_id")},
