@@ -13,8 +13,9 @@ workspaces get the same treatment with a few principals each. Then `/metrics` is
 through Django's test client (the whole page: Redis reads, database counts, dependency checks),
 then the admin's dashboard (`/admin/admission/live/`, every workspace, five SVG charts each) by a
 member of all of them, and their times reported. With `--embedded` no Redis is used: the
-principals are admitted through this process's own registry, whose figures are published as a
-worker's snapshot row (admission/live.py) that both pages then read. Figures only; no bounds.
+principals are admitted through this process's own registry, whose figures are published as
+a worker's snapshot row (admission/runtime/live.py) that both pages then read. Figures only; no
+bounds.
 """
 
 from __future__ import annotations
@@ -50,9 +51,11 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 
-from admission import live, runtime, services  # noqa: E402
 from admission.core import AdmissionRegistry, AdmissionRequest, Estimate  # noqa: E402
 from admission.models import Workspace, WorkspaceMembership  # noqa: E402
+from admission.runtime import live  # noqa: E402
+from admission.runtime import registry as runtime  # noqa: E402
+from admission.services import profiles as services  # noqa: E402
 from config.demo import DEMO_PROFILE, demo_setup  # noqa: E402
 
 
