@@ -16,7 +16,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
 pytestmark = [pytest.mark.celery, pytest.mark.browser]
