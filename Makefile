@@ -38,7 +38,7 @@ lint: install
 
 typecheck: install
 	# django-stubs loads the settings, which need a key; this one signs nothing.
-	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-typecheck-only} $(BIN)/mypy admission evaluator config
+	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-typecheck-only} $(BIN)/mypy admission evaluator console config
 
 bench: install
 	$(BIN)/python benchmarks/admission.py

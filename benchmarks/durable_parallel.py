@@ -46,19 +46,19 @@ logging.getLogger("httpx").setLevel(logging.WARNING)
 from django.db import connections  # noqa: E402
 
 from admission.core import AdmissionRegistry, Profile, SystemClock  # noqa: E402
+from console.forms.runs import example_request  # noqa: E402
 from evaluator.engine.adapters import FakeAdapter, FakeStep  # noqa: E402
 from evaluator.engine.invocation import DecisionEvaluationRequest  # noqa: E402
 from evaluator.engine.receipts import ReceiptJournal, ReceiptKey  # noqa: E402
 from evaluator.engine.scheduler import evaluate_decision_ruleset  # noqa: E402
-from evaluator.forms import example_request  # noqa: E402
-from evaluator.receipts_db import DatabaseReceiptStore  # noqa: E402
+from evaluator.worker.receipts_db import DatabaseReceiptStore  # noqa: E402
 from tests.evaluator.loopback import LoopbackServer, Reply  # noqa: E402
 from tests.service.conftest import Deployment  # noqa: E402
 
 CEILING_PROFILE = """
 import copy
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import DEMO_PROFILE
 document = copy.deepcopy(DEMO_PROFILE)

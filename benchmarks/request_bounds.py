@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from config.untrusted_json import nesting_depth
+from console.api.untrusted_json import nesting_depth
 from evaluator.engine.rulesets import Decision
 
 SHAPES = {

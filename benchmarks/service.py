@@ -45,7 +45,7 @@ configure()
 # Figures only: one log line per polling request would bury them.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-from evaluator.forms import example_request  # noqa: E402
+from console.forms.runs import example_request  # noqa: E402
 from tests.evaluator.loopback import LoopbackServer, Reply  # noqa: E402
 from tests.service.conftest import TERMINAL, Deployment  # noqa: E402
 from tests.service.test_fairness import QUIET_WORKSPACE  # noqa: E402
@@ -53,7 +53,7 @@ from tests.service.test_fairness import QUIET_WORKSPACE  # noqa: E402
 WIDE_PROFILE = """
 import copy
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import DEMO_PROFILE
 document = copy.deepcopy(DEMO_PROFILE)

@@ -12,9 +12,9 @@ import pytest
 from django.conf import settings
 from playwright.sync_api import Page, expect
 
-from admission import services
+from admission.services import profiles as services
 from tests.admission.conftest import ALL_CONFIRMED
-from tests.admission.test_admin_browser import Operator, chromium
+from tests.console.admin.test_profiles_browser import Operator, chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 

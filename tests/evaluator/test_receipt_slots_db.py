@@ -16,7 +16,7 @@ from evaluator.engine.errors import ReceiptConflictError
 from evaluator.engine.outcomes import SUCCEEDED, AttemptRecord, DecisionOutcome
 from evaluator.engine.receipts import ReceiptJournal, ReceiptKey
 from evaluator.models import Receipt
-from evaluator.receipts_db import DatabaseReceiptStore
+from evaluator.worker.receipts_db import DatabaseReceiptStore
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
