@@ -9,7 +9,7 @@ import pytest
 from admission.core import AdmissionRequest, Estimate
 from evaluator.engine.adapters import FakeAdapter, FakeStep
 from evaluator.engine.scheduler import evaluate_decision_ruleset
-from evaluator.runner import _SlotFreeingRegistry
+from evaluator.worker.runner import _SlotFreeingRegistry
 from tests.evaluator.builders import (
     PRINCIPAL,
     WORKSPACE,
