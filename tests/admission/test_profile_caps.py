@@ -14,9 +14,9 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from rest_framework.test import APIClient
 
-from admission import services
 from admission.core import InvalidProfileError
 from admission.models import ProfileVersion, Workspace
+from admission.services import profiles as services
 from tests.admission.conftest import ALL_CONFIRMED
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,7 @@ from evaluator.engine.errors import ReceiptConflictError
 from evaluator.engine.outcomes import SUCCEEDED, AttemptRecord, DecisionOutcome
 from evaluator.engine.receipts import ReceiptJournal, ReceiptKey
 from evaluator.models import Receipt
-from evaluator.receipts_db import DatabaseReceiptStore
+from evaluator.worker.receipts_db import DatabaseReceiptStore
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -57,8 +57,12 @@ def pool():
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="test-db")
     yield executor
 
-    # Each pool thread closes its own connection before the test database goes away.
+    # Each pool thread closes its own connection before the test database goes away (the
+    # barrier puts one task on each thread).
+    barrier = threading.Barrier(8)
+
     def close() -> None:
+        barrier.wait(10)
         connections.close_all()
 
     for future in [executor.submit(close) for _ in range(8)]:

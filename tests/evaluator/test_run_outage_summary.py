@@ -12,12 +12,12 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
-from admission import runtime
 from admission.models import Workspace
+from admission.runtime import registry as runtime
 from config.demo import demo_setup
-from evaluator.admin import EvaluationRunAdmin
+from console.admin.runs import EvaluationRunAdmin
+from console.forms.runs import example_request
 from evaluator.engine.outcomes import AttemptRecord
-from evaluator.forms import example_request
 from evaluator.models import EvaluationRun
 
 pytestmark = pytest.mark.django_db

@@ -17,7 +17,7 @@ from django.db import connection
 
 from admission.models import Workspace
 from evaluator.models import LoadRun
-from evaluator.services import load_run_execute, load_run_submit
+from evaluator.services.runs import load_run_execute, load_run_submit
 from evaluator.staged_capacity import LocalSlots, RedisSlots
 from tests.evaluator.loopback import LoopbackServer, Reply
 

@@ -1,6 +1,6 @@
-"""Hourly usage aggregates (evaluator/usage.py): a finishing run's attempts add up per hour,
-provider and principal, exactly once; totals, series and the CSV export read them back; old
-hours go after the retention."""
+"""Hourly usage aggregates (evaluator/usage.py): a finishing run's attempts add up per
+hour, provider and principal, exactly once; totals, series and the CSV export read them back;
+old hours go after the retention."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from admission.models import Workspace
-from evaluator import services, usage
+from evaluator import usage
 from evaluator.models import EvaluationRun, UsageHour
+from evaluator.services import runs as services
 
 pytestmark = pytest.mark.django_db
 

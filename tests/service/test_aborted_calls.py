@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedis
 from tests.service.conftest import Deployment, wait_for
@@ -28,7 +28,7 @@ RUNS = "/api/workspaces/demo/evaluations/"
 
 ACTIVATE_ONE_AT_A_TIME = """
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import demo_profile
 users = get_user_model().objects

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.service.conftest import Deployment, admission_redis_env, wait_for
 
@@ -32,7 +32,7 @@ POLL_SECONDS = 0.5
 
 ACTIVATE = f"""
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import demo_profile
 users = get_user_model().objects
