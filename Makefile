@@ -38,7 +38,7 @@ lint: install
 
 typecheck: install
 	# django-stubs loads the settings, which need a key; this one signs nothing.
-	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-typecheck-only} $(BIN)/mypy admission evaluator config
+	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-typecheck-only} $(BIN)/mypy admission evaluator console config
 
 bench: install
 	$(BIN)/python benchmarks/admission.py
@@ -49,6 +49,8 @@ bench: install
 	$(BIN)/python benchmarks/telemetry.py
 	$(BIN)/python benchmarks/shadow.py
 	$(BIN)/python benchmarks/run_progress.py
+	$(BIN)/python benchmarks/request_bounds.py
+	$(BIN)/python benchmarks/durable_parallel.py
 
 evidence: install
 	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence

@@ -404,8 +404,8 @@ class RunBoundary(AppendOnlyModel):
 
 
 class AdmissionSnapshot(models.Model):
-    """The live admission figures a worker process published (admission/live.py), for a worker
-    whose admission is kept in its own process: one row per process, rewritten every few
+    """The live admission figures a worker process published (admission/runtime/live.py), for a
+    worker whose admission is kept in its own process: one row per process, rewritten every few
     seconds. `state` maps workspace keys to figures in the shape of the shared state in Redis;
     it holds counts by provider, decision and reason, never a principal id."""
 

@@ -111,7 +111,9 @@ def _principal_problems(doc: Any, workspace_id: str) -> list[InvalidProfileError
     seen: set[Any] = set()
     for index, entry in enumerate(doc):
         principal_id = entry.get("id") if isinstance(entry, Mapping) else None
-        if isinstance(principal_id, str) and principal_id in seen:
+        if not isinstance(principal_id, str):
+            continue
+        if principal_id in seen:
             found.append(
                 InvalidProfileError(
                     f"principals[{index}].id", f"duplicate principal id {principal_id!r}"
@@ -128,6 +130,21 @@ def profile_problems(doc: Any, *, workspace_id: str) -> list[InvalidProfileError
         return []
     if not isinstance(doc, Mapping):
         return [first]
+    try:
+        found = _part_problems(doc, workspace_id)
+    except Exception:
+        # Whatever a part holds, the author still gets the core's own verdict.
+        return [first]
+    if not found:
+        # Each part is sound: what is wrong spans parts (reservations over a shared pool).
+        return [first]
+    unique: dict[tuple[str, str], InvalidProfileError] = {}
+    for error in found:
+        unique.setdefault((error.field, error.problem), error)
+    return list(unique.values())
+
+
+def _part_problems(doc: Mapping[Any, Any], workspace_id: str) -> list[InvalidProfileError]:
     found: list[InvalidProfileError] = []
     for key in doc:
         if key not in _PROFILE_KEYS:
@@ -155,10 +172,4 @@ def profile_problems(doc: Any, *, workspace_id: str) -> list[InvalidProfileError
                 found.append(error)
     if "principals" in doc:
         found += _principal_problems(doc["principals"], workspace_id)
-    if not found:
-        # Each part is sound: what is wrong spans parts (reservations over a shared pool).
-        return [first]
-    unique: dict[tuple[str, str], InvalidProfileError] = {}
-    for error in found:
-        unique.setdefault((error.field, error.problem), error)
-    return list(unique.values())
+    return found

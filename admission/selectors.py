@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
-from django.db.models import Exists, OuterRef, Prefetch, QuerySet, Subquery
+from django.db.models import Exists, F, OuterRef, Prefetch, Q, QuerySet, Subquery
 
 from admission import access
 from admission.models import (
@@ -134,6 +134,46 @@ def rollback_request_pending(*, workspace: Workspace) -> RollbackRequest | None:
         RollbackRequest.objects.filter(workspace=workspace, status=RollbackRequest.Status.PENDING)
         .select_related("target__workspace", "requested_by")
         .first()
+    )
+
+
+VERSION_STATUSES = ("proposed", "approved", "rejected", "active", "superseded")
+
+
+def profile_versions_in_status(
+    queryset: QuerySet[ProfileVersion], status: str
+) -> QuerySet[ProfileVersion]:
+    """The versions of `queryset` (from `profile_version_queryset`) whose `version_status` is
+    `status`, decided in the database."""
+    current = Q(pk=F("current_version_id"))
+    decided = {
+        decision: Exists(ProfileApproval.objects.filter(version=OuterRef("pk"), decision=decision))
+        for decision in (ProfileApproval.Decision.APPROVE, ProfileApproval.Decision.REJECT)
+    }
+    if status == "active":
+        return queryset.filter(current)
+    activated = Exists(ProfileChangeRecord.objects.filter(version=OuterRef("pk")))
+    if status == "superseded":
+        return queryset.filter(activated).exclude(current)
+    undecided = queryset.exclude(activated).exclude(current)
+    if status == "approved":
+        return undecided.filter(decided[ProfileApproval.Decision.APPROVE])
+    if status == "rejected":
+        return undecided.filter(decided[ProfileApproval.Decision.REJECT])
+    if status == "proposed":
+        return undecided.filter(approvals__isnull=True)
+    return queryset.none()
+
+
+def profile_versions_awaiting(
+    queryset: QuerySet[ProfileVersion], *, user: Any
+) -> QuerySet[ProfileVersion]:
+    """Proposed versions that `user` may approve and did not propose (their inbox)."""
+    workspaces = access.workspaces_for(user, access.APPROVE)
+    return (
+        profile_versions_in_status(queryset, "proposed")
+        .filter(workspace__in=workspaces)
+        .exclude(proposed_by=user)
     )
 
 

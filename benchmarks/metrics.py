@@ -39,9 +39,10 @@ from django.contrib.auth import get_user_model  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.test import Client  # noqa: E402
 
-from admission import runtime, services  # noqa: E402
 from admission.core import AdmissionRegistry, AdmissionRequest, Estimate  # noqa: E402
 from admission.models import Workspace, WorkspaceMembership  # noqa: E402
+from admission.runtime import registry as runtime  # noqa: E402
+from admission.services import profiles as services  # noqa: E402
 from config.demo import DEMO_PROFILE, demo_setup  # noqa: E402
 
 

@@ -7,7 +7,7 @@ measures, through Django's test client and the real ORM:
 
 - `GET /api/workspaces/{key}/evaluations/{id}/` of a running run whose receipt holds N decisions,
   half of them done (the page reads the receipt: progress and attempts so far);
-- one periodic cancel check (evaluator/cancel_watch.py) with N runs watched on the loop;
+- one periodic cancel check (evaluator/worker/cancel_watch.py) with N runs watched on the loop;
 - the time from a cancel request to the run's signal firing, with the default check interval.
 
 Figures only; no bounds.
@@ -36,9 +36,9 @@ from django.test.utils import (  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from admission.models import Workspace  # noqa: E402
-from evaluator import cancel_watch  # noqa: E402
-from evaluator.forms import example_request  # noqa: E402
+from console.forms.runs import example_request  # noqa: E402
 from evaluator.models import EvaluationRun, Receipt  # noqa: E402
+from evaluator.worker import cancel_watch  # noqa: E402
 
 EVIDENCE = {
     "decision": "admit",

@@ -1,13 +1,16 @@
 """Service benchmark: evaluations per second through a real web server and Celery workers.
 
 Run with `python benchmarks/service.py [--evaluations 300] [--decisions 5] [--latency-ms 300]
-[--workers 1,2] [--modes full] [--limits wide|demo]`. The provider is a loopback
-OpenAI-compatible server answering every call after `--latency-ms`; each evaluation has
-`--decisions` decisions. `--limits demo` keeps the demo profile's admission limits (a principal
-may have 2 calls in flight); `wide` (the default) activates a profile that lets every call
-through at once (concurrency 256 at every level), so the figures show what the workers do,
-not what admission allows. Submissions go through the REST API from 8 client threads;
+[--workers 1,2] [--modes full] [--limits wide|demo] [--provider-concurrency N]`. The provider
+is a loopback OpenAI-compatible server answering every call after `--latency-ms`; each
+evaluation has `--decisions` decisions. `--limits demo` keeps the demo profile's admission
+limits (a principal may have 2 calls in flight); `wide` (the default) activates a profile that
+lets every call through at once (concurrency 256 at every level), so the figures show what the
+workers do, not what admission allows. Submissions go through the REST API from 8 client threads;
 submit-to-complete is the run's `finishedAt - createdAt` as the server recorded it.
+With `--provider-concurrency N` the provider takes N calls at once (the rest of the profile stays
+wide) and every run asks for the scheduler at N: provider calls per second against the
+physical limit N / latency.
 
 Each is measured twice: submitted while the workers run (`--cap`, the default per-workspace
 cap of runs in flight), and queued first with the workers started afterwards (`--backlog-cap`),
@@ -42,7 +45,7 @@ configure()
 # Figures only: one log line per polling request would bury them.
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
-from evaluator.forms import example_request  # noqa: E402
+from console.forms.runs import example_request  # noqa: E402
 from tests.evaluator.loopback import LoopbackServer, Reply  # noqa: E402
 from tests.service.conftest import TERMINAL, Deployment  # noqa: E402
 from tests.service.test_fairness import QUIET_WORKSPACE  # noqa: E402
@@ -50,7 +53,7 @@ from tests.service.test_fairness import QUIET_WORKSPACE  # noqa: E402
 WIDE_PROFILE = """
 import copy
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import DEMO_PROFILE
 document = copy.deepcopy(DEMO_PROFILE)
@@ -58,13 +61,19 @@ document["profileVersion"] = "bench-wide"
 for part in [document["workspace"], *document["providers"].values(),
              *document["principals"].values()]:
     part.update(concurrency=256, requestsPerMinute=10**7, maxQueueLength=100000)
+if {provider_concurrency}:
+    document["providers"]["fake"]["concurrency"] = {provider_concurrency}
+    # Every call waits its turn at the provider: none may time out in the queue.
+    for part in [document["workspace"], *document["providers"].values(),
+                 *document["principals"].values()]:
+        part["maxQueueWaitMs"] = 600000
 users = get_user_model().objects
 proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
 version = services.profile_version_propose(
     workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
 services.profile_version_approve(
     version=version, approver=approver,
-    checklist={key: True for key, _ in services.RUNBOOK_CHECKLIST}, comment="benchmark")
+    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}}, comment="benchmark")
 services.profile_version_activate(version=version, actor=approver)
 """
 
@@ -103,14 +112,21 @@ def _wait_all(deployment: Deployment, ids: set[str], path: str, user: str) -> li
     return list(runs.values())
 
 
+def _document(args: argparse.Namespace) -> dict[str, Any]:
+    document = example_request(args.decisions)
+    if args.provider_concurrency:
+        # Each run may use the provider's whole ceiling; admission shares it between runs.
+        document["scheduler"] = {"enabled": True, "bindingConcurrency": args.provider_concurrency}
+        for decision in document["ruleset"]["decisions"]:
+            decision["binding"]["primary"]["timeoutMs"] = 600_000
+    return document
+
+
 def _submit_all(deployment: Deployment, args: argparse.Namespace) -> tuple[set[str], float]:
     started = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
         ids = set(
-            pool.map(
-                lambda _: deployment.submit(example_request(args.decisions))["id"],
-                range(args.evaluations),
-            )
+            pool.map(lambda _: deployment.submit(_document(args))["id"], range(args.evaluations))
         )
     return ids, time.monotonic() - started
 
@@ -129,7 +145,9 @@ def measure(
         try:
             deployment.setup()
             if args.limits == "wide":
-                deployment.django(WIDE_PROFILE)
+                deployment.django(
+                    WIDE_PROFILE.format(provider_concurrency=args.provider_concurrency or 0)
+                )
             deployment.start_web()
             if backlog:
                 ids, submitted = _submit_all(deployment, args)
@@ -154,6 +172,7 @@ def measure(
         "p50_s": _percentile(latencies, 0.50),
         "p95_s": _percentile(latencies, 0.95),
         "calls": calls,
+        "calls_per_second": calls / (last - first),
         "peak_in_flight": provider.max_in_flight,
         "cap": cap,
     }
@@ -210,6 +229,13 @@ def main() -> int:
     parser.add_argument("--limits", choices=("wide", "demo"), default="wide")
     parser.add_argument("--burst", type=int, default=100)
     parser.add_argument("--fairness-only", action="store_true")
+    parser.add_argument(
+        "--provider-concurrency",
+        type=int,
+        default=0,
+        help="limit the provider to N calls at once (runs ask for the scheduler at N) and "
+        "report provider calls/s against the physical limit N / latency",
+    )
     parser.add_argument("--cap", type=int, default=16, help="SLUICE_WORKSPACE_RUNS_IN_FLIGHT")
     parser.add_argument(
         "--backlog-cap", type=int, default=256, help="the same, for the queued-first runs"
@@ -245,6 +271,14 @@ def main() -> int:
                         f"{figures['submit_s']:.1f} s)",
                         flush=True,
                     )
+                    if args.provider_concurrency:
+                        limit = args.provider_concurrency / (args.latency_ms / 1000.0)
+                        print(
+                            f"{'':<27} provider calls/s {figures['calls_per_second']:6.2f} "
+                            f"against the physical limit {limit:.1f} "
+                            f"({figures['calls_per_second'] / limit:.0%})",
+                            flush=True,
+                        )
                 if skipped:
                     break
             if not skipped:

@@ -49,8 +49,9 @@ app.autodiscover_tasks()
 @worker_process_init.connect
 def _fresh_process_state(**_: Any) -> None:
     # A forked pool child owns no registry, loop or listener thread of the parent's.
-    from admission import refresh, runtime
-    from evaluator.worker import evaluation_loop, reset_evaluation_loop
+    from admission.runtime import refresh
+    from admission.runtime import registry as runtime
+    from evaluator.worker.loop import evaluation_loop, reset_evaluation_loop
 
     runtime.reset_registry()
     reset_evaluation_loop()
@@ -60,17 +61,17 @@ def _fresh_process_state(**_: Any) -> None:
 
 @worker_process_shutdown.connect
 def _stop_listener(**_: Any) -> None:
-    from admission import refresh
+    from admission.runtime import refresh
 
     refresh.stop_listener()
 
 
 @worker_ready.connect
 def _start_runner(**_: Any) -> None:
-    # The worker's own process claims and runs evaluations (evaluator/runner.py); the thread
+    # The worker's own process claims and runs evaluations (evaluator/worker/runner.py); the thread
     # pool only carries doorbells into it.
-    from evaluator.dispatch import WorkerRefused
-    from evaluator.runner import start_runner
+    from evaluator.worker.dispatch import WorkerRefused
+    from evaluator.worker.runner import start_runner
 
     try:
         start_runner()
@@ -81,7 +82,7 @@ def _start_runner(**_: Any) -> None:
 
 @worker_shutdown.connect
 def _stop_runner(**_: Any) -> None:
-    from evaluator.runner import stop_runner
+    from evaluator.worker.runner import stop_runner
 
     stop_runner()
 

@@ -2,7 +2,7 @@
 Sluice, and the production processes (web server, Celery worker, Celery beat).
 
 `run` migrates, sets up the demo (idempotent), starts the web server and one Celery worker
-process (which runs many evaluations at once on its event loop, evaluator/runner.py),
+process (which runs many evaluations at once on its event loop, evaluator/worker/runner.py),
 prints where to go and how to sign in, and stops both on Ctrl-C or SIGTERM. With no
 environment it runs on SQLite and the filesystem broker under var/; DATABASE_URL and
 CELERY_BROKER_URL switch it to PostgreSQL and Redis (or RabbitMQ), see docs/running.md.
@@ -314,7 +314,7 @@ def _add_web_command(commands: Any) -> None:
 def worker_argv(args: argparse.Namespace) -> list[str]:
     """The Celery worker's command line that `worker` runs (and `run` starts for the demo)."""
     # One process: Celery's threads carry doorbells; its runner runs evaluations and load runs
-    # (SLUICE_WORKER_SLOTS at once) on one event loop (evaluator/runner.py).
+    # (SLUICE_WORKER_SLOTS at once) on one event loop (evaluator/worker/runner.py).
     argv = ["worker", "--loglevel", args.loglevel, "--pool", "threads"]
     argv += ["--concurrency", str(args.concurrency)]
     argv += ["--without-gossip", "--without-mingle", "--hostname", args.hostname]

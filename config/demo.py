@@ -24,8 +24,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 from knox.models import AuthToken
 
-from admission import access, selectors, services
+from admission import access, selectors
 from admission.models import Workspace, WorkspaceMembership
+from admission.services import profiles as services
 
 WORKSPACE_KEY = "demo"
 PROPOSER = "demo-proposer"

@@ -1,7 +1,7 @@
 """`/metrics`: the deployment's state in the Prometheus text format, for a scraper.
 
 Every figure is the deployment's, not the answering process's: admission comes from the shared
-state in Redis (`admission.operations`, one read per workspace with an active profile), or,
+state in Redis (`admission.runtime.operations`, one read per workspace with an active profile), or,
 with admission kept in one worker process, from the figures that worker publishes; runs
 from the database, dependencies from the same checks `/readyz` makes. Labels come from fixed
 vocabularies plus provider (adapter) ids: no principal, workspace, run or invocation id appears
@@ -34,8 +34,9 @@ from prometheus_client.core import (
     Metric,
 )
 
-from admission import operations, runtime
 from admission.coordination import CoordinationUnavailable
+from admission.runtime import operations
+from admission.runtime import registry as runtime
 from config import health
 from evaluator.models import EvaluationRun, LoadRun, WorkerProcess
 

@@ -67,6 +67,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "django_celery_results",
+    "console",
     "admission",
     "evaluator",
 ]
@@ -155,7 +156,7 @@ STATIC_ROOT = VAR_DIR / "static"
 LOGIN_URL = "/admin/login/"
 
 # Request bodies: one bound for every body, and a cap per API endpoint at what it needs (the API's
-# JSON parser, config/api_parsers.py); the parser also bounds nesting depth in linear time.
+# JSON parser, console/api/parsers.py); the parser also bounds nesting depth in linear time.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("SLUICE_MAX_REQUEST_BYTES", 1_048_576, minimum=1024)
 SLUICE_MAX_JSON_DEPTH = env_int("SLUICE_MAX_JSON_DEPTH", 64, minimum=4)
 # Approvals, rejections, cancels, load-run starts, token requests: a comment and a few names.
@@ -208,21 +209,21 @@ REST_KNOX = {
 REST_FRAMEWORK = {
     # Token first: its scheme is the WWW-Authenticate challenge of a 401.
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "config.api_auth.ApiTokenAuthentication",
+        "console.api.auth.ApiTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     # JSON only, bounded in size and depth before it is parsed.
-    "DEFAULT_PARSER_CLASSES": ["config.api_parsers.BoundedJSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["console.api.parsers.BoundedJSONParser"],
     "DEFAULT_THROTTLE_CLASSES": [
-        "config.api_throttles.AnonymousThrottle",
-        "config.api_throttles.UserThrottle",
-        "config.api_throttles.WorkspaceThrottle",
-        "config.api_throttles.SubmissionThrottle",
+        "console.api.throttles.AnonymousThrottle",
+        "console.api.throttles.UserThrottle",
+        "console.api.throttles.WorkspaceThrottle",
+        "console.api.throttles.SubmissionThrottle",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
-    "EXCEPTION_HANDLER": "config.api_errors.exception_handler",
+    "EXCEPTION_HANDLER": "console.api.errors.exception_handler",
 }
 
 SPECTACULAR_SETTINGS = {
@@ -275,10 +276,10 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TIMEZONE = TIME_ZONE
 # A worker is one process: Celery's thread pool takes the doorbells, and one
-# event loop in that process runs its evaluations (evaluator/runner.py, docs/running.md).
+# event loop in that process runs its evaluations (evaluator/worker/runner.py, docs/running.md).
 CELERY_WORKER_POOL = "threads"
 
-# Runs live in the database; workers claim them from there (evaluator/runner.py). Evaluations
+# Runs live in the database; workers claim them from there (evaluator/worker/runner.py). Evaluations
 # one worker process runs at once on its event loop:
 SLUICE_WORKER_SLOTS = env_int("SLUICE_WORKER_SLOTS", 64, minimum=1)
 # Threads of a worker process that write receipts and results for its evaluations (each keeps
@@ -307,10 +308,10 @@ SLUICE_RUN_HEARTBEAT_SECONDS = _seconds("SLUICE_RUN_HEARTBEAT_SECONDS", 5.0, exc
 SLUICE_RUN_STALE_SECONDS = _seconds("SLUICE_RUN_STALE_SECONDS", 30.0, minimum=1.0)
 # How long a stopping worker waits for its runs before it gives them back to the backlog:
 SLUICE_WORKER_DRAIN_SECONDS = _seconds("SLUICE_WORKER_DRAIN_SECONDS", 8.0)
-# Tests only: while this file exists, a committed run's doorbell waits (evaluator/services.py).
+# Tests only: while this file exists, a committed run's doorbell waits (evaluator/services/runs.py).
 SLUICE_TEST_HOLD_PUBLISH = env_str("SLUICE_TEST_HOLD_PUBLISH", "")
 # Tests only: while this file exists, a running load run holds still after its first progress
-# report (evaluator/load_runs.py), so a test can kill or cancel it mid-run.
+# report (evaluator/services/load_runs.py), so a test can kill or cancel it mid-run.
 SLUICE_TEST_HOLD_LOAD_RUN = env_str("SLUICE_TEST_HOLD_LOAD_RUN", "")
 if SLUICE_RUN_STALE_SECONDS < 3 * SLUICE_RUN_HEARTBEAT_SECONDS:
     raise SettingsError(
@@ -337,7 +338,7 @@ SLUICE_ADMISSION_IDLE_TTL_MS = env_int("SLUICE_ADMISSION_IDLE_TTL_MS", 3_600_000
 # How long hourly usage aggregates (evaluator/usage.py) are kept, in days:
 SLUICE_USAGE_RETENTION_DAYS = env_int("SLUICE_USAGE_RETENTION_DAYS", 90, minimum=1)
 # With admission kept in one process, how often its worker publishes live figures for the
-# admin's Live admission page and /metrics (admission/live.py):
+# admin's Live admission page and /metrics (admission/runtime/live.py):
 SLUICE_ADMISSION_SNAPSHOT_SECONDS = _seconds(
     "SLUICE_ADMISSION_SNAPSHOT_SECONDS", 5.0, minimum=0.05, exclusive=True
 )
@@ -419,15 +420,15 @@ SLUICE_OTLP_METRICS_PROTOCOL = otlp_protocol("METRICS")
 # set here directly. Empty: one fake adapter.
 SLUICE_ADAPTERS: object = env_str("SLUICE_ADAPTERS", "")
 
-# The per-process profile listener (admission/refresh.py): LISTEN on PostgreSQL unless turned
-# off, and a safety-net poll every this many seconds (None: 30 on PostgreSQL, 2 elsewhere).
+# The per-process profile listener (admission/runtime/refresh.py): LISTEN on PostgreSQL unless
+# turned off, and a safety-net poll every this many seconds (None: 30 on PostgreSQL, 2 elsewhere).
 SLUICE_PROFILE_LISTEN = env_bool("SLUICE_PROFILE_LISTEN", True)
 SLUICE_PROFILE_POLL_SECONDS = env_float(
     "SLUICE_PROFILE_POLL_SECONDS", None, minimum=0.0, exclusive=True
 )
 
 # Evaluation runs: how often a process running evaluations checks the database for cancel
-# requests of its runs (evaluator/cancel_watch.py), and the most decisions one submitted
+# requests of its runs (evaluator/worker/cancel_watch.py), and the most decisions one submitted
 # ruleset may hold (at most the engine's own ceiling of 10 000).
 SLUICE_CANCEL_CHECK_SECONDS = env_float(
     "SLUICE_CANCEL_CHECK_SECONDS", 1.0, minimum=0.0, exclusive=True

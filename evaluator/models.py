@@ -12,7 +12,8 @@ from evaluator.engine.receipts import RECEIPT_SCHEMA
 
 
 class Receipt(models.Model):
-    """The durable receipt (v2) of one evaluation invocation.
+    """The durable receipt (v3; a v2 one until the run that resumes it upgrades it) of one
+    evaluation invocation.
 
     ``document`` is the receipt JSON the evaluator reads and writes; the other columns copy what
     operators filter on. Updates are compare-and-set on ``revision`` and stop once ``state``
@@ -113,14 +114,14 @@ class EvaluationRun(WorkerRun):
     profile_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     result = models.JSONField(null=True, blank=True)
     attempts = models.JSONField(default=list, blank=True)
-    # Who runs it now (evaluator/runner.py): the worker's id and a fresh token per claim, which
-    # every later write of that worker must still match (a run taken back and claimed again by
+    # Who runs it now (evaluator/worker/runner.py): the worker's id and a fresh token per claim,
+    # which every later write of that worker must still match (a run taken back and claimed again by
     # another worker is no longer the first one's to finish), and the claimant's last heartbeat.
     claimed_by = models.CharField(max_length=160, blank=True)
     claim = models.UUIDField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     # Who asked to cancel the run and when (set once; the worker polls for it, see
-    # evaluator/cancel_watch.py). NULL while nobody asked.
+    # evaluator/worker/cancel_watch.py). NULL while nobody asked.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
@@ -193,8 +194,8 @@ class LoadRun(WorkerRun):
     timeline = models.JSONField(null=True, blank=True)
     # How far the harness got (0 to 1) while it runs, written by the process running it.
     progress = models.FloatField(null=True, blank=True)
-    # Who runs it now, as for evaluation runs (evaluator/load_dispatch.py): the claimant, a fresh
-    # token per claim that every later write must match, and the claimant's last heartbeat.
+    # Who runs it now, as for evaluation runs (evaluator/worker/load_dispatch.py): the claimant, a
+    # fresh token per claim that every later write must match, and the claimant's last heartbeat.
     claimed_by = models.CharField(max_length=160, blank=True)
     claim = models.UUIDField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
@@ -223,7 +224,7 @@ class LoadRun(WorkerRun):
 
 
 class WorkerProcess(models.Model):
-    """A worker process that runs evaluations (evaluator/runner.py), while it lives.
+    """A worker process that runs evaluations (evaluator/worker/runner.py), while it lives.
 
     Its heartbeat says it is alive; `coordinated` says whether its admission limits are shared
     through Redis. A process that keeps admission to itself refuses to start beside another

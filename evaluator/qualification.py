@@ -5,7 +5,7 @@
 * **staged-provider**: the manifest at real time against the deployment's staged endpoint.
 
 `check` refuses a run that could not start before a row exists; `execute` runs one. The run
-rows and their lifecycle belong to `evaluator.services`.
+rows and their lifecycle belong to `evaluator.services.runs`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,12 @@ from typing import Any
 
 from django.conf import settings
 
-from evaluator.engine.adapters.base import AdapterCall, AdapterResponse
+from evaluator.engine.adapters.base import (
+    CONNECT_ERROR,
+    AdapterCall,
+    AdapterError,
+    AdapterResponse,
+)
 
 __all__ = ["LeasedAdapter", "LocalSlots", "RedisSlots", "deployment_slots"]
 
@@ -131,7 +136,17 @@ class LeasedAdapter:
         self.idempotent = bool(getattr(adapter, "idempotent", False))
 
     async def invoke(self, call: AdapterCall) -> AdapterResponse:
-        token = await self._slots.take(int(call.target.timeout_ms) + LEASE_MARGIN_MS)
+        try:
+            token = await self._slots.take(int(call.target.timeout_ms) + LEASE_MARGIN_MS)
+        except Exception as error:
+            # No slot could be asked for (Redis unreachable): the call was not sent.
+            raise AdapterError(
+                CONNECT_ERROR,
+                sent=False,
+                retryable=True,
+                provider_failure=None,
+                detail=f"the endpoint's capacity slots are unavailable ({type(error).__name__})",
+            ) from error
         try:
             response: AdapterResponse = await self._adapter.invoke(call)
             return response

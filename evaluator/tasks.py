@@ -1,16 +1,16 @@
 """Celery tasks: thin, take a run id, safe to run twice.
 
 `run_evaluation` is a doorbell: the run's state is its database row, and the message only tells
-this worker process's runner (evaluator/runner.py) to look at the backlog now. It stores no
+this worker process's runner (evaluator/worker/runner.py) to look at the backlog now. It stores no
 result and is acknowledged at once; a lost doorbell costs one poll interval, never the run.
-Load runs are queued and claimed the same way (evaluator/load_dispatch.py).
+Load runs are queued and claimed the same way (evaluator/worker/load_dispatch.py).
 """
 
 from __future__ import annotations
 
 from celery import shared_task
 
-from evaluator.runner import current_runner
+from evaluator.worker.runner import current_runner
 
 
 @shared_task(name="evaluator.run_evaluation", acks_late=False, ignore_result=True)

@@ -315,3 +315,55 @@ def usage_csv(rows: QuerySet[UsageHour]) -> Iterator[str]:
         buffer.truncate()
         writer.writerow(_csv_row(row))
         yield buffer.getvalue()
+
+
+# -------------------------------------------------------------------------------- ranges
+
+RANGES = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7),
+          "30d": timedelta(days=30)}  # fmt: skip
+DEFAULT_RANGE = "24h"
+MAX_RANGE = timedelta(days=366)
+
+
+class UsageRangeError(ValueError):
+    """A time range that cannot be read; `field` names the parameter."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def _moment(text: str, field: str, *, end: bool) -> datetime:
+    try:
+        if len(text) == 10:
+            day = dt.date.fromisoformat(text)
+            moment = datetime.combine(day, dt.time(), tzinfo=dt.UTC)
+            # A date as the end means the whole of that day.
+            return moment + timedelta(days=1) if end else moment
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageRangeError(
+            field, f"must be a date (YYYY-MM-DD) or an ISO 8601 time, got {text[:40]!r}"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+
+
+def usage_range(
+    *, preset: str = "", start: str = "", end: str = "", now: datetime | None = None
+) -> tuple[datetime, datetime, str]:
+    """The `[start, end)` of a request: `start`/`end` as dates or ISO times, else a preset
+    (`1h`, `24h`, `7d`, `30d`) ending with the current hour. Returns (start, end, preset or
+    "custom"); raises `UsageRangeError` naming the parameter."""
+    current = _hour(now or timezone.now()) + timedelta(hours=1)
+    if start or end:
+        first = _moment(start, "start", end=False) if start else current - RANGES[DEFAULT_RANGE]
+        last = _moment(end, "end", end=True) if end else current
+        if last <= first:
+            raise UsageRangeError("end", "must be after start")
+        if last - first > MAX_RANGE:
+            raise UsageRangeError("end", f"the range may span at most {MAX_RANGE.days} days")
+        return first, last, "custom"
+    chosen = preset or DEFAULT_RANGE
+    if chosen not in RANGES:
+        raise UsageRangeError("range", f"must be one of {', '.join(RANGES)}, got {chosen[:20]!r}")
+    return current - RANGES[chosen], current, chosen

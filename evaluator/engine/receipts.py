@@ -170,9 +170,10 @@ class ReceiptJournal:
 
     Every change is applied to the journal's copy at once and made durable by a compare-and-set
     ``update``; changes made while an update is in flight go together in the next one, so eight
-    calls starting at once cost one write, not eight. A method returns once a write that holds
-    its change has landed. A failed write fails every change waiting on it and every later
-    one: the run stops, and its next claimant resumes from what is durable.
+    calls starting at once cost one write, not eight. ``mark_dispatch``, ``resolve_pending`` and
+    ``finish`` return once a write that holds their change has landed; an attempt's record only
+    starts its write. A failed write fails every change waiting on it and every later one: the
+    run stops, and its next claimant resumes from what is durable.
     """
 
     def __init__(
@@ -315,7 +316,7 @@ class ReceiptJournal:
         self, index: int, attempt: AttemptRecord, *, outcome: DecisionOutcome | None = None
     ) -> None:
         """Append an attempt (clearing its slot if it was dispatched) and, when it ended the
-        decision, the decision's outcome, in one write."""
+        decision, the decision's outcome, in one write; returns once that write has started."""
         entry = self._doc["decisions"][index]
         entry["attempts"].append(attempt.to_dict())
         # The record of a dispatched attempt settles its slot, whatever its outcome.
@@ -331,7 +332,9 @@ class ReceiptJournal:
         if outcome is not None:
             entry["status"] = outcome.status
             entry["output"] = outcome.output
-        await self._commit()
+        # Not waited for: until this write lands the slot stands for the attempt, and the next
+        # call waits for its own slot (written after this) anyway.
+        await self._commit(wait=False)
 
     async def finish_decision(self, index: int, outcome: DecisionOutcome) -> None:
         """Record a decision that ended without a new attempt (cancelled while waiting)."""
@@ -340,7 +343,7 @@ class ReceiptJournal:
             return
         entry["status"] = outcome.status
         entry["output"] = outcome.output
-        await self._commit()
+        await self._commit(wait=False)
 
     async def finish(
         self, state: str, unfinished: Iterable[tuple[int, DecisionOutcome]] = ()
@@ -358,23 +361,39 @@ class ReceiptJournal:
         await self._commit()
 
     async def settle(self) -> None:
-        """Wait for the write in flight, if any, whatever it ends with."""
-        flight = self._flight
-        if flight is not None:
-            await asyncio.wait([flight])
+        """Wait until no write is in flight, whatever the writes end with."""
+        while self._flight is not None:
+            await asyncio.wait([self._flight])
 
-    async def _commit(self) -> None:
+    async def _commit(self, *, wait: bool = True) -> None:
+        """Have the changes made so far written; with ``wait``, return once they are durable.
+
+        Without ``wait`` the write is only started: a change that need not be durable before
+        the run goes on (an attempt's record: until it lands, its slot stands for it). A failed
+        write is raised by every later commit."""
         self._changes += 1
         wanted = self._changes
+        if self._failure is not None:
+            raise self._failure
+        if self._flight is None:
+            self._start_write()
+        if not wait:
+            return
         while self._durable < wanted:
+            flight = self._flight
+            if flight is not None and flight.done():
+                # Landed, its callback not run yet: awaiting it again would not yield.
+                self._landed(flight)
+                flight = self._flight
             if self._failure is not None:
                 raise self._failure
-            flight = self._flight
-            if flight is None:
-                flight = self._flight = asyncio.get_running_loop().create_task(self._write())
-                flight.add_done_callback(self._landed)
+            assert flight is not None
             # A waiter that is cancelled leaves the write to land for the others.
             await asyncio.shield(flight)
+
+    def _start_write(self) -> None:
+        flight = self._flight = asyncio.get_running_loop().create_task(self._write())
+        flight.add_done_callback(self._landed)
 
     async def _write(self) -> None:
         # Every change applied until this task runs goes in this write.
@@ -397,8 +416,15 @@ class ReceiptJournal:
         self._durable = changes
 
     def _landed(self, flight: asyncio.Task[None]) -> None:
+        # Idempotent: called by the task's callback and, when it has not run yet, by a waiter.
+        if self._flight is not flight:
+            return
         self._flight = None
-        if flight.cancelled():
-            self._failure = asyncio.CancelledError()
-        elif flight.exception() is not None:
-            self._failure = flight.exception()
+        if self._failure is None:
+            if flight.cancelled():
+                self._failure = asyncio.CancelledError()
+            else:
+                self._failure = flight.exception()
+        if self._failure is None and self._durable < self._changes:
+            # Changes made while this write was in flight go in the next one at once.
+            self._start_write()

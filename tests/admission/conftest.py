@@ -13,7 +13,6 @@ import pytest
 from django.contrib.auth.models import Permission
 from django.db import connection
 
-from admission import runtime, services
 from admission.models import (
     ProfileApproval,
     ProfileChangeRecord,
@@ -21,6 +20,8 @@ from admission.models import (
     RollbackRequest,
     Workspace,
 )
+from admission.runtime import registry as runtime
+from admission.services import profiles as services
 
 MANIFEST = Path(__file__).resolve().parents[2] / "manifests" / "load-manifest.v2.json"
 PROFILE_KEYS = ("profileVersion", "workspace", "providers", "principals")

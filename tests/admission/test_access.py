@@ -16,7 +16,7 @@ from django.test import Client
 from knox.models import AuthToken
 from rest_framework.test import APIClient
 
-from admission import access, services
+from admission import access
 from admission.models import (
     ProfileApproval,
     ProfileChangeRecord,
@@ -24,7 +24,8 @@ from admission.models import (
     RollbackRequest,
     Workspace,
 )
-from evaluator.forms import example_request
+from admission.services import profiles as services
+from console.forms.runs import example_request
 from evaluator.models import EvaluationRun, LoadRun, Receipt
 from tests.admission.conftest import ALL_CONFIRMED
 

@@ -12,7 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from freezegun import freeze_time
 
-from admission import rollout, services
+from admission.services import profiles as services
+from admission.services import rollout
 
 pytestmark = pytest.mark.django_db
 

@@ -10,8 +10,9 @@ import psycopg
 import pytest
 from django.db import connection
 
-from admission import runtime, services
 from admission.models import ProfileChangeRecord
+from admission.runtime import registry as runtime
+from admission.services import profiles as services
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -1,7 +1,7 @@
 """Live figures with admission kept in one process: the worker's tally counts its registry's
 decisions, queue delays and breaker transitions like the shared state in Redis does, its
 publisher writes them with the live active and queued figures, and the views operators read
-(`admission.operations`, `/metrics`) show them, without a principal id anywhere."""
+(`admission.runtime.operations`, `/metrics`) show them, without a principal id anywhere."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import pytest
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from admission import live, operations, runtime, services
 from admission.core import AdmissionRejected, AdmissionRequest, Estimate
 from admission.models import AdmissionSnapshot, Workspace
+from admission.runtime import live, operations
+from admission.runtime import registry as runtime
+from admission.services import profiles as services
 from config import metrics
 from tests.admission.conftest import ALL_CONFIRMED
 

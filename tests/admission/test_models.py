@@ -9,7 +9,6 @@ import pytest
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.db.models import ProtectedError
 
-from admission import services
 from admission.models import (
     ImmutableRecordError,
     ProfileApproval,
@@ -17,6 +16,7 @@ from admission.models import (
     ProfileVersion,
     RollbackRequest,
 )
+from admission.services import profiles as services
 
 pytestmark = pytest.mark.django_db
 
@@ -228,7 +228,7 @@ def test_runbook_document_lists_every_checklist_question():
 def test_postgres_trigger_keeps_rollout_rows_append_only(
     workspace, proposer, approver, approved, table, assignment
 ):
-    from admission import rollout
+    from admission.services import rollout
 
     current, candidate = approved("v1"), approved("v2", concurrency=2)
     services.profile_version_activate(version=current, actor=approver)

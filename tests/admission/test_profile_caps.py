@@ -14,9 +14,9 @@ from django.core.management import CommandError, call_command
 from django.test import Client
 from rest_framework.test import APIClient
 
-from admission import services
 from admission.core import InvalidProfileError
-from admission.models import ProfileVersion
+from admission.models import ProfileVersion, Workspace
+from admission.services import profiles as services
 from tests.admission.conftest import ALL_CONFIRMED
 
 pytestmark = pytest.mark.django_db
@@ -144,3 +144,74 @@ def test_the_profile_list_pages_stay_small_whatever_page_size_asks(
     response = _api(proposer).get("/api/workspaces/acme/profiles/", {"page_size": 500})
     assert response.status_code == 200
     assert len(response.json()["results"]) == 20 and response.json()["next"]
+
+
+def test_big_documents_are_summarised_with_their_limits_and_json_on_demand(
+    workspace, proposer, approver, make_document, make_user
+):
+    principals = {
+        f"caller-{n:05d}": {"concurrency": 1, "requestsPerMinute": 600, "maxQueueLength": 32}
+        for n in range(900)
+    }
+    base = services.profile_version_propose(
+        workspace=workspace,
+        document={**make_document("v-base"), "principals": principals},
+        proposed_by=proposer,
+    )
+    services.profile_version_approve(version=base, approver=approver, checklist=ALL_CONFIRMED)
+    services.profile_version_activate(version=base, actor=approver)
+    changed = {**principals, "caller-00421": {**principals["caller-00421"], "concurrency": 2}}
+    document = {**make_document("v-big"), "principals": changed}
+    version = services.profile_version_propose(
+        workspace=workspace, document=document, proposed_by=proposer
+    )
+    admin = Client()
+    admin.force_login(approver)
+    page = admin.get(f"/admin/admission/profileversion/{version.pk}/change/").content.decode()
+    assert "900 principals" in page and '"caller-00899"' not in page
+    assert "too long for a line diff" in page and "principals.caller-00421" in page
+
+    limits = f"/admin/admission/profileversion/{version.pk}/limits/"
+    found = admin.get(limits, {"q": "caller-0042"}).content.decode()
+    assert "1 row for “caller-0042”" in found
+    # Every limit of caller-00420 … caller-00429, a hundred rows a page.
+    every = admin.get(limits, {"q": "caller-0042", "all": "1", "page": 2}).content.decode()
+    assert "page 2 of 2" in every and "principals.caller-00429" in every
+    whole = admin.get(f"/admin/admission/profileversion/{version.pk}/document.json")
+    assert whole.json() == document
+
+    # Another workspace's operator sees neither.
+    stranger = make_user("sam")
+    other = Workspace.objects.create(key="other", name="Other")
+    other.members.add(stranger, through_defaults={"role": "operator"})
+    outsider = Client()
+    outsider.force_login(stranger)
+    assert outsider.get(limits).status_code == 404
+    json_url = f"/admin/admission/profileversion/{version.pk}/document.json"
+    assert outsider.get(json_url).status_code == 404
+
+
+def test_a_decision_page_reviews_at_most_ten_versions_at_once(
+    workspace, proposer, approver, make_document
+):
+    versions = [
+        services.profile_version_propose(
+            workspace=workspace, document=make_document(f"v{n}"), proposed_by=proposer
+        )
+        for n in range(11)
+    ]
+    admin = Client()
+    admin.force_login(approver)
+    refused = admin.post(
+        "/admin/admission/profileversion/",
+        {"action": "approve_selected", "_selected_action": [v.pk for v in versions]},
+        follow=True,
+    )
+    assert "Select at most 10 versions to approve at a time (11 were selected)." in (
+        refused.content.decode()
+    )
+    shown = admin.post(
+        "/admin/admission/profileversion/",
+        {"action": "approve_selected", "_selected_action": [v.pk for v in versions[:10]]},
+    )
+    assert shown.content.decode().count('class="module review"') == 10

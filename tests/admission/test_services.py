@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from admission import runtime, selectors, services
+from admission import selectors
 from admission.core import InvalidProfileError, Profile
 from admission.models import ProfileApproval, ProfileChangeRecord, RollbackRequest
+from admission.runtime import registry as runtime
+from admission.services import profiles as services
 from tests.admission.conftest import ALL_CONFIRMED
 
 pytestmark = pytest.mark.django_db

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, expect
 
-from admission import services
+from admission.services import profiles as services
 from config.csp import DEFAULT_POLICY
-from tests.admission.test_admin_browser import chromium
+from tests.console.admin.test_profiles_browser import chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -30,6 +30,11 @@ ADMIN_PAGES = [
     "/admin/admission/live/",
     "/admin/evaluator/evaluationrun/",
     "/admin/evaluator/loadrun/",
+    "/admin/evaluator/loadrun/add/",
+    "/admin/evaluator/evaluationrun/add/",
+    "/admin/admission/rolloutevent/",
+    "/admin/admission/rolloutevent/controls/acme/",
+    "/runbooks/RUN-JEV-ADMISSION-v1/",
 ]
 
 

@@ -20,8 +20,9 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from admission import runtime, services
 from admission.models import Workspace
+from admission.runtime import registry as runtime
+from admission.services import profiles as services
 from config import metrics
 from tests.admission.conftest import ALL_CONFIRMED
 

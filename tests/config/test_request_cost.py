@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from admission import services as admission_services
-from config.untrusted_json import UntrustedJSONError, load_untrusted_json, nesting_depth
-from evaluator.forms import example_request
+from admission.services import profiles as admission_services
+from console.api.untrusted_json import UntrustedJSONError, load_untrusted_json, nesting_depth
+from console.forms.runs import example_request
 from evaluator.models import EvaluationRun
 from tests.config.web_process import WebServer
 from tests.service.conftest import Deployment

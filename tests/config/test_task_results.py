@@ -11,7 +11,7 @@ from django.utils import timezone
 from django_celery_results.models import TaskResult
 
 from config.celery import app
-from evaluator.runner import stop_runner
+from evaluator.worker.runner import stop_runner
 
 pytestmark = pytest.mark.django_db
 
@@ -38,6 +38,6 @@ def test_a_starting_worker_cleans_up_once():
     try:
         worker_ready.send(sender=None)
     finally:
-        # A starting worker also starts its evaluation runner (evaluator/runner.py).
+        # A starting worker also starts its evaluation runner (evaluator/worker/runner.py).
         stop_runner()
     assert not TaskResult.objects.filter(task_id="stale").exists()

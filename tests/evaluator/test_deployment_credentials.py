@@ -7,10 +7,10 @@ import pytest
 from rest_framework.test import APIClient
 
 from admission.models import Workspace
+from console.forms.runs import example_request
 from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
 from evaluator.engine.adapters import FakeAdapter, OpenAIChatAdapter
 from evaluator.engine.rulesets import DEPLOYMENT_ONLY_KEYS
-from evaluator.forms import example_request
 from evaluator.models import EvaluationRun
 
 pytestmark = pytest.mark.django_db

@@ -1,7 +1,7 @@
-"""The load-run backlog (evaluator/load_dispatch.py, evaluator/load_runs.py): fair claims across
-workspaces with a per-workspace cap, the shell's claim under the same rule, the sweeper, fencing
-by claim token, cancel, and the backlog cap every interface meets, on the real database
-(PostgreSQL in CI)."""
+"""The load-run backlog (evaluator/worker/load_dispatch.py, evaluator/services/load_runs.py): fair
+claims across workspaces with a per-workspace cap, the shell's claim under the same rule, the
+sweeper, fencing by claim token, cancel, and the backlog cap every interface meets, on the real
+database (PostgreSQL in CI)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ from django.test import override_settings
 from django.utils import timezone
 
 from admission.models import Workspace
-from evaluator import load_dispatch, load_runs, services
-from evaluator.cancellation import RunAlreadyFinished, RunCancelNotAllowed
 from evaluator.models import LoadRun
+from evaluator.services import load_runs
+from evaluator.services import runs as services
+from evaluator.services.cancellation import RunAlreadyFinished, RunCancelNotAllowed
+from evaluator.worker import load_dispatch
 
 pytestmark = pytest.mark.django_db
 

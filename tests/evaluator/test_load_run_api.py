@@ -12,11 +12,11 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from rest_framework.test import APIClient
 
-from admission import runtime
 from admission.models import Workspace
+from admission.runtime import registry as runtime
 from config.demo import demo_setup
-from evaluator import load_dispatch
 from evaluator.models import LoadRun
+from evaluator.worker import load_dispatch
 
 pytestmark = pytest.mark.django_db
 

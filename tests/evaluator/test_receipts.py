@@ -57,7 +57,7 @@ def store_factory(request):
     """Builds a receipt store inside the running loop; closes DB connections afterwards."""
     if request.param == "memory":
         return lambda: InMemoryReceiptStore()
-    from evaluator.receipts_db import DatabaseReceiptStore
+    from evaluator.worker.receipts_db import DatabaseReceiptStore
 
     return DatabaseReceiptStore
 

@@ -58,7 +58,7 @@ class RecordingStore:
 def store_factory(request):
     if request.param == "memory":
         return InMemoryReceiptStore
-    from evaluator.receipts_db import DatabaseReceiptStore
+    from evaluator.worker.receipts_db import DatabaseReceiptStore
 
     return DatabaseReceiptStore
 

@@ -306,7 +306,7 @@ def test_a_retry_does_not_wait_when_the_invocation_attempt_budget_is_spent():
 
 
 def test_CNC_SCHED_004_a_signal_fired_before_the_run_began_dispatches_nothing():
-    # A run cancelled before its worker started it (evaluator/cancel_watch.py) arrives so.
+    # A run cancelled before its worker started it (evaluator/worker/cancel_watch.py) arrives so.
     async def main(loop):
         registry = registry_with(loop, profile())
         fake = FakeAdapter(default=FakeStep(latency_ms=100))

@@ -17,7 +17,7 @@ from django.db import connection
 
 from admission.models import Workspace
 from evaluator.models import LoadRun
-from evaluator.services import load_run_execute, load_run_submit
+from evaluator.services.runs import load_run_execute, load_run_submit
 from evaluator.staged_capacity import LocalSlots, RedisSlots
 from tests.evaluator.loopback import LoopbackServer, Reply
 
@@ -26,9 +26,8 @@ CAPACITY = 8
 
 
 def _redis_url() -> str:
-    url = os.environ.get("SLUICE_TEST_ADMISSION_REDIS_URL", "")
-    if not url:
-        pytest.skip("needs SLUICE_TEST_ADMISSION_REDIS_URL (CI sets it)")
+    # As the service tests do: the shared Redis on its default port unless told otherwise.
+    url = os.environ.get("SLUICE_TEST_ADMISSION_REDIS_URL", "redis://127.0.0.1:6379/0")
     try:
         redis.Redis.from_url(url, socket_connect_timeout=2).ping()
     except redis.RedisError:
@@ -154,3 +153,32 @@ def test_four_staged_runs_never_exceed_the_endpoints_capacity_together(
     # Each run alone may fill the endpoint; together they queue for its slots instead.
     assert CAPACITY // 2 < server.max_in_flight <= CAPACITY, server.max_in_flight
     assert len(server.requests) > 4 * CAPACITY
+
+
+def test_a_call_without_reachable_slots_is_not_sent():
+    from evaluator.engine.adapters import FakeAdapter
+    from evaluator.engine.adapters.base import AdapterError
+    from evaluator.staged_capacity import LeasedAdapter
+    from tests.evaluator.builders import request
+    from tests.service.conftest import free_port
+
+    fake = FakeAdapter()
+    leased = LeasedAdapter(fake, RedisSlots(f"redis://127.0.0.1:{free_port()}/0", "k", 1))
+    decision = request().ruleset.decisions[0]
+
+    async def call() -> AdapterError:
+        from evaluator.engine.adapters.base import AdapterCall
+
+        target = decision.binding.primary
+        try:
+            await leased.invoke(AdapterCall(decision.id, "prompt", target, decision.output, 1))
+        except AdapterError as error:
+            return error
+        finally:
+            await leased.aclose()
+        raise AssertionError("the call went through")
+
+    error = asyncio.run(call())
+    assert error.kind == "connect-error" and error.sent is False and error.retryable
+    assert "capacity slots are unavailable" in str(error)
+    assert fake.calls == []

@@ -18,7 +18,7 @@ from evaluator.harness.records import (
     verify_record,
 )
 from evaluator.models import LoadRun
-from evaluator.services import InvalidRunRequest, load_run_execute, load_run_submit
+from evaluator.services.runs import InvalidRunRequest, load_run_execute, load_run_submit
 from tests.evaluator.loopback import LoopbackServer, Reply
 
 pytestmark = pytest.mark.django_db

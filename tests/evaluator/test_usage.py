@@ -14,8 +14,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from admission.models import Workspace
-from evaluator import services, usage
+from evaluator import usage
 from evaluator.models import EvaluationRun, UsageHour
+from evaluator.services import runs as services
 
 pytestmark = pytest.mark.django_db
 

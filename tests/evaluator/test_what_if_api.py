@@ -15,13 +15,13 @@ from django.db import close_old_connections
 from knox.models import AuthToken
 from schemathesis.checks import response_schema_conformance
 
-from admission import runtime
-from admission import services as profiles
 from admission.models import Workspace
+from admission.runtime import registry as runtime
+from admission.services import profiles
 from config.demo import demo_profile, demo_setup
 from config.wsgi import application
-from evaluator import services
 from evaluator.models import LoadRun
+from evaluator.services import runs as services
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedis
 from tests.service.conftest import Deployment, wait_for
@@ -28,7 +28,7 @@ RUNS = "/api/workspaces/demo/evaluations/"
 
 ACTIVATE_ONE_AT_A_TIME = """
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import demo_profile
 users = get_user_model().objects
@@ -206,3 +206,50 @@ def test_a_call_whose_admission_lease_is_lost_keeps_its_permit_until_its_timeout
             _b_waited_for_a_timeout(deployment, server, second, arrived, timeout_ms)
     finally:
         redis.destroy()
+
+
+def _sql(deployment: Deployment, query: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    assert deployment.database is not None
+    with psycopg.connect(deployment.database.url, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()
+
+
+@pytest.mark.parametrize("mode", ["full"], indirect=True)
+def test_a_call_cut_by_a_worker_shutdown_keeps_its_permit_until_its_timeout(deployment):
+    # Redis keeps a stopped process's permits for a lease TTL after its last renewal: the
+    # stopping worker lives on only for what outlasts that.
+    timeout_ms, service, ttl_ms = 6000, 5.5, 1500
+    with LoopbackServer() as server:
+        server.replies.append(Reply(content="yes", delay=service))
+        server.default = Reply(content="yes", delay=0.3)
+        extra = {
+            "SLUICE_ADMISSION_LEASE_TTL_MS": str(ttl_ms),
+            "SLUICE_ADMISSION_HEARTBEAT_MS": "300",
+            "SLUICE_WORKER_DRAIN_SECONDS": "0.5",
+        }
+        env = _start(deployment, server, extra)
+        deployment.start_worker({**env, "SLUICE_WORKER_SLOTS": "2"})
+        first, second, arrived = _a_then_b(deployment, server, timeout_ms)
+
+        holder = _sql(
+            deployment,
+            "SELECT w.pid FROM evaluator_evaluationrun r JOIN evaluator_workerprocess w "
+            "ON w.id = r.claimed_by WHERE r.id = %s",
+            [first],
+        )[0][0]
+        stopping = next(p for p in deployment.processes if p.pid == holder)
+        stopping.stop()
+        assert "aborted (call-abandoned)" in stopping.log()
+        assert "permits stay held until their timeouts" in stopping.log()
+
+        run = deployment.wait_run(second, timeout=60)
+        assert run["status"] == "completed", run
+        gap = server.requests[1]["at"] - arrived
+        # Not before A's timeout; at most a lease TTL after it (Redis reaps the stopped worker).
+        assert timeout_ms / 1000 - 1.0 <= gap <= (timeout_ms + ttl_ms) / 1000 + 1.5, gap
+        assert server.max_in_flight == 1
+        resumed = deployment.wait_run(first, timeout=60)
+        assert resumed["status"] == "execution-uncertain", resumed
+        assert [a["reason"] for a in resumed["attempts"]] == ["dispatch-unconfirmed"]

@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from tests.private_services import PrivateRedis
 from tests.service.conftest import wait_for
 

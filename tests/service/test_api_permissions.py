@@ -7,7 +7,7 @@ from django.contrib.auth.models import Permission
 from rest_framework.test import APIClient
 
 from admission.models import Workspace
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from evaluator.models import EvaluationRun, LoadRun
 
 pytestmark = pytest.mark.django_db

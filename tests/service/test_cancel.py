@@ -1,6 +1,7 @@
 """Cancelling runs and watching them progress, with real processes: a web server, a Celery worker
 on a real broker, and a loopback OpenAI-compatible provider that holds its answers until the test
-lets them go. The cancel reaches the worker through the database (evaluator/cancel_watch.py)."""
+lets them go. The cancel reaches the worker through the database
+(evaluator/worker/cancel_watch.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.service.conftest import Deployment
 
@@ -133,7 +134,7 @@ def test_a_run_cancelled_while_queued_never_starts(deployment):
 ONE_AT_A_TIME = """
 import copy
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import DEMO_PROFILE
 document = copy.deepcopy(DEMO_PROFILE)

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
 from .conftest import Deployment, wait_for
@@ -77,7 +77,7 @@ def test_a_quiet_tenant_is_not_held_back_by_another_tenants_burst(deployment: De
 NARROW_DEMO = """
 import copy
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import DEMO_PROFILE
 document = copy.deepcopy(DEMO_PROFILE)

@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 from .conftest import free_port, wait_for
 

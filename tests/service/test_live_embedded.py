@@ -10,7 +10,7 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 from .conftest import wait_for
 

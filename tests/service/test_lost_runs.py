@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivatePostgres, PrivateRedis
 

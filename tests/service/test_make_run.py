@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 from .conftest import ROOT, TERMINAL, free_port, wait_for
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 from .conftest import admission_redis_env, wait_for
 

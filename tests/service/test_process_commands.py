@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 from .conftest import wait_for
 

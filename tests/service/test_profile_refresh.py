@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 from .conftest import wait_for
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.celery
 
 ACTIVATE_V2 = """
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import demo_profile
 users = get_user_model().objects
@@ -39,7 +39,8 @@ print(services.profile_version_activate(version=version, actor=approver).kind)
 
 ROLL_BACK_TO_V1 = """
 from django.contrib.auth import get_user_model
-from admission import selectors, services
+from admission import selectors
+from admission.services import profiles as services
 from admission.models import Workspace
 users = get_user_model().objects
 proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")

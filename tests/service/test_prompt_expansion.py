@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 from .conftest import Deployment
 from .test_fairness import QUIET_WORKSPACE, _latency, _quiet_run

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.celery
 START_WHAT_IF = """
 from django.contrib.auth import get_user_model
 from admission.models import ProfileVersion
-from evaluator.services import load_run_submit
+from evaluator.services.runs import load_run_submit
 version = ProfileVersion.objects.get(workspace__key="demo", profile_version="demo-v1")
 approver = get_user_model().objects.get(username="demo-approver")
 run = load_run_submit(version.workspace, approver, "load-manifest.v2.json", "evaluator",

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 pytestmark = pytest.mark.celery
 
@@ -17,7 +17,7 @@ BASE = "/api/workspaces/demo"
 # demo-v2: the fake provider takes one request a minute and queues nothing.
 PROPOSE_TIGHT = """
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import demo_profile
 users = get_user_model().objects

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 from .conftest import wait_for
 from .otlp_collector import OtlpCollector, attributes, data_points

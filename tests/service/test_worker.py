@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from evaluator.forms import example_request
+from console.forms.runs import example_request
 
 pytestmark = pytest.mark.celery
 

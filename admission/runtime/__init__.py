@@ -1,0 +1,1 @@
+"""The per-process side of admission: the registry of controllers, its refresh, live operations."""

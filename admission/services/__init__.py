@@ -1,0 +1,1 @@
+"""Admission's write paths: profile versions and their approvals, rollout controls."""

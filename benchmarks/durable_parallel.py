@@ -1,0 +1,261 @@
+"""Durable parallel runs: what a receipt-backed evaluation costs at the scheduler ceiling.
+
+Run:  DATABASE_URL=postgres://... CELERY_BROKER_URL=redis://... \\
+      .venv/bin/python benchmarks/durable_parallel.py [--decisions 40] [--latency-ms 300]
+      [--ceiling 8] [--repeat 3]
+
+1. Through the service (PostgreSQL + Redis, a real web server and worker, a loopback
+   OpenAI-compatible provider answering after `--latency-ms`): one evaluation of `--decisions`
+   decisions with `scheduler: {enabled: true, bindingConcurrency: --ceiling}` under a profile
+   whose ceilings are all `--ceiling`, submitted through the API; submit-to-complete (seen by the
+   client, and `finishedAt - createdAt` as the server recorded it) against the provider-bound
+   ideal `ceil(decisions / ceiling) x latency`, the most calls the provider had at once, and the
+   receipt writes per decision (the receipt's final revision counts every write).
+2. In this process, on a throwaway PostgreSQL database, the same evaluation through the engine
+   with the database receipt store and a thread pool as a worker has: how long each call waited
+   for its slot to become durable before its adapter call (p50/p99), and writes per decision.
+
+Figures only; no bounds. Skips the service part when DATABASE_URL / CELERY_BROKER_URL do not
+point at PostgreSQL and Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import logging
+import math
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import _pytest.outcomes
+from django_setup import configure, throwaway_database
+
+configure()
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+from django.db import connections  # noqa: E402
+
+from admission.core import AdmissionRegistry, Profile, SystemClock  # noqa: E402
+from console.forms.runs import example_request  # noqa: E402
+from evaluator.engine.adapters import FakeAdapter, FakeStep  # noqa: E402
+from evaluator.engine.invocation import DecisionEvaluationRequest  # noqa: E402
+from evaluator.engine.receipts import ReceiptJournal, ReceiptKey  # noqa: E402
+from evaluator.engine.scheduler import evaluate_decision_ruleset  # noqa: E402
+from evaluator.worker.receipts_db import DatabaseReceiptStore  # noqa: E402
+from tests.evaluator.loopback import LoopbackServer, Reply  # noqa: E402
+from tests.service.conftest import Deployment  # noqa: E402
+
+CEILING_PROFILE = """
+import copy
+from django.contrib.auth import get_user_model
+from admission.services import profiles as services
+from admission.models import Workspace
+from config.demo import DEMO_PROFILE
+document = copy.deepcopy(DEMO_PROFILE)
+document["profileVersion"] = "bench-ceiling"
+for part in [document["workspace"], *document["providers"].values(),
+             *document["principals"].values()]:
+    part.update(concurrency={ceiling}, requestsPerMinute=10**6, maxQueueLength=10000)
+users = get_user_model().objects
+proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+version = services.profile_version_propose(
+    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
+services.profile_version_approve(
+    version=version, approver=approver,
+    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}}, comment="benchmark")
+services.profile_version_activate(version=version, actor=approver)
+"""
+
+RECEIPT_REVISION = """
+from evaluator.models import EvaluationRun, Receipt
+run = EvaluationRun.objects.get(pk="{run_id}")
+receipt = Receipt.objects.get(workspace_id="demo", invocation_id=run.invocation_id)
+print(receipt.revision, receipt.document["maxPendingDispatches"])
+"""
+
+
+def _when(value: str) -> float:
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
+
+
+def _document(decisions: int, ceiling: int, tag: str) -> dict[str, Any]:
+    document = example_request(decisions)
+    document["input"]["text"] = tag
+    document["scheduler"] = {"enabled": True, "bindingConcurrency": ceiling}
+    return document
+
+
+def through_the_service(args: argparse.Namespace) -> None:
+    ideal = math.ceil(args.decisions / args.ceiling) * args.latency_ms / 1000
+    with LoopbackServer() as provider, tempfile.TemporaryDirectory(prefix="sluice-dur-") as tmp:
+        provider.default = Reply(delay=args.latency_ms / 1000)
+        try:
+            deployment = Deployment(Path(tmp), "full")
+        except _pytest.outcomes.Skipped as skipped:
+            print(f"service: skipped ({skipped.msg})")
+            return
+        deployment.env["SLUICE_ADAPTERS"] = json.dumps(
+            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
+        )
+        try:
+            deployment.setup()
+            deployment.django(CEILING_PROFILE.format(ceiling=args.ceiling))
+            deployment.start_web()
+            deployment.start_worker()
+            # Warm the worker: connections to the database, Redis and the provider.
+            deployment.wait_run(deployment.submit(_document(8, args.ceiling, "warm-up"))["id"])
+            for attempt in range(args.repeat):
+                provider.max_in_flight = 0
+                before = len(provider.requests)
+                started = time.monotonic()
+                submitted = deployment.submit(
+                    _document(args.decisions, args.ceiling, f"bench {attempt}")
+                )
+                run = _wait_fast(deployment, submitted["id"])
+                client_s = time.monotonic() - started
+                server_s = _when(run["finishedAt"]) - _when(run["createdAt"])
+                revision, most = deployment.django(
+                    RECEIPT_REVISION.format(run_id=run["id"])
+                ).split()
+                calls = len(provider.requests) - before
+                claimed_s = _when(run["startedAt"]) - _when(run["createdAt"])
+                spans = [(a["startedMs"], a["endedMs"]) for a in run["attempts"]]
+                calls_s = (max(end for _, end in spans) - min(s for s, _ in spans)) / 1000
+                waves = sorted(start for start, _ in spans)[:: args.ceiling]
+                arrivals = sorted(r["at"] for r in provider.requests[before:])
+                at_provider = [(t - arrivals[0]) * 1000 for t in arrivals[:: args.ceiling]]
+                print(
+                    f"service, {args.decisions} decisions x {args.latency_ms:g} ms, ceiling "
+                    f"{args.ceiling}: submit→complete {client_s:5.2f} s (client), "
+                    f"{server_s:5.2f} s (server) vs ideal {ideal:.2f} s = "
+                    f"x{server_s / ideal:.2f}; {run['status']}, {calls} calls, at most "
+                    f"{provider.max_in_flight} at the provider, receipt slots at most {most}; "
+                    f"{int(revision)} receipt writes = {int(revision) / args.decisions:.2f} "
+                    f"per decision",
+                    flush=True,
+                )
+                print(
+                    f"  of which: submit→claimed {claimed_s:.2f} s, first call→last answer "
+                    f"{calls_s:.2f} s, waves started at "
+                    f"{', '.join(f'{w:.0f}' for w in waves)} ms (at the provider "
+                    f"{', '.join(f'{w:.0f}' for w in at_provider)} ms)",
+                    flush=True,
+                )
+        finally:
+            deployment.stop()
+
+
+def _wait_fast(deployment: Deployment, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        run = deployment.evaluation(run_id)
+        if run["status"] not in ("queued", "running"):
+            return run
+        time.sleep(0.02)
+    raise SystemExit(f"run {run_id} did not finish")
+
+
+def in_process(args: argparse.Namespace) -> None:
+    """The engine with the database store on real time: slot-write waits and writes."""
+    waits: list[float] = []
+    original = ReceiptJournal.mark_dispatch
+
+    async def timed(self: ReceiptJournal, index: int, attempt: Any) -> None:
+        began = time.perf_counter()
+        await original(self, index, attempt)
+        waits.append((time.perf_counter() - began) * 1000)
+
+    ReceiptJournal.mark_dispatch = timed  # type: ignore[method-assign]
+    pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bench-db")
+    store = DatabaseReceiptStore(pool)
+    limits = {"concurrency": args.ceiling, "requestsPerMinute": 10**6, "maxQueueLength": 10000}
+    profile = Profile.from_dict(
+        {
+            "profileVersion": "bench",
+            "workspace": dict(limits),
+            "providers": {"fake": dict(limits)},
+            "principals": {"bench-principal": dict(limits)},
+        },
+        workspace_id="bench",
+    )
+    writes: list[int] = []
+    walls: list[float] = []
+
+    async def one(index: int) -> None:
+        registry = AdmissionRegistry(clock=SystemClock())
+        registry.register(profile)
+        request = DecisionEvaluationRequest.from_dict(
+            {**_document(args.decisions, args.ceiling, "x"), "invocationId": f"bench-{index}"},
+            principal_id="bench-principal",
+            workspace_id="bench",
+        )
+        began = time.perf_counter()
+        result = await evaluate_decision_ruleset(
+            request,
+            registry=registry,
+            adapters={"fake": FakeAdapter(default=FakeStep(latency_ms=args.latency_ms))},
+            receipt_store=store,
+        )
+        walls.append(time.perf_counter() - began)
+        assert result.status == "completed", result.status
+        document = await store.load(ReceiptKey("bench", "bench-principal", f"bench-{index}"))
+        assert document is not None
+        writes.append(document["revision"])
+
+    try:
+        for index in range(args.repeat):
+            asyncio.run(one(index))
+    finally:
+        # Every pool thread closes its own connection (the barrier puts one task on each).
+        barrier = threading.Barrier(8)
+
+        def close() -> None:
+            barrier.wait(10)
+            connections.close_all()
+
+        for future in [pool.submit(close) for _ in range(8)]:
+            future.result()
+        pool.shutdown()
+        ReceiptJournal.mark_dispatch = original  # type: ignore[method-assign]
+    ideal = math.ceil(args.decisions / args.ceiling) * args.latency_ms / 1000
+    print(
+        f"engine + PostgreSQL receipts, {args.decisions} decisions x {args.latency_ms:g} ms, "
+        f"ceiling {args.ceiling}: wall {statistics.median(walls):.3f} s vs ideal {ideal:.2f} s; "
+        f"slot durable before the call p50 {_percentile(waits, 0.5):.2f} ms, "
+        f"p99 {_percentile(waits, 0.99):.2f} ms ({len(waits)} dispatches); "
+        f"{statistics.median(writes) / args.decisions:.2f} receipt writes per decision",
+        flush=True,
+    )
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decisions", type=int, default=40)
+    parser.add_argument("--latency-ms", type=float, default=300.0)
+    parser.add_argument("--ceiling", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    with throwaway_database():
+        in_process(args)
+    through_the_service(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

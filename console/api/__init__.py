@@ -1,0 +1,1 @@
+"""The REST API: views, serializers, authentication, tokens, parsers, throttles and errors."""

@@ -1,0 +1,1 @@
+"""REST API for evaluation runs and load runs."""

@@ -1,0 +1,1 @@
+"""Server-drawn SVG charts for the admin pages (no JavaScript)."""

@@ -1,0 +1,1 @@
+"""Forms of the admin pages: they validate operator input into typed form errors."""

@@ -1,0 +1,1 @@
+"""The evaluator's web-side services: submitting, preparing, finishing and cancelling runs."""

@@ -1,0 +1,283 @@
+"""Running a claimed load run in this process: progress, cancel, and a claim that can be lost.
+
+The harness runs in a thread of its own and reports progress to a `LoadRunWatch`; the claimant's
+thread watches it. At most every `SLUICE_CANCEL_CHECK_SECONDS` the claimant writes the run's
+progress and heartbeat in one compare-and-set on the claim token, which also finds out whether
+somebody asked to cancel the run or whether the run is not this claim's any more (taken back by a
+sweeper, ended elsewhere). Then the watch raises `LoadRunStopped` at the harness's next progress
+report, which stops the run (evaluator/harness/replay.py), and the claimant writes the run
+`cancelled`, leaves it alone, or gives it back. The harness's thread never touches the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, transaction
+
+from admission import access
+from evaluator import qualification, server_clock
+from evaluator.deployment import AdapterConfigError
+from evaluator.harness.errors import LoadHarnessError
+from evaluator.models import LoadRun
+from evaluator.services.cancellation import RunAlreadyFinished, RunCancelNotAllowed
+from evaluator.worker.load_dispatch import load_run_claim_one, load_run_give_back
+
+__all__ = [
+    "LoadRunStopped",
+    "LoadRunWatch",
+    "load_run_cancel",
+    "load_run_execute_claimed",
+    "load_run_run_here",
+    "may_cancel_load_run",
+]
+
+logger = logging.getLogger(__name__)
+
+CANCELLED = "cancelled"
+LOST = "lost"
+STOPPING = "stopping"
+
+
+class LoadRunStopped(Exception):
+    """Raised from the harness's progress callback to stop a load run; `why` says what for."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def _check_seconds() -> float:
+    return float(getattr(settings, "SLUICE_CANCEL_CHECK_SECONDS", 1.0))
+
+
+class LoadRunWatch:
+    """Between the harness's thread (`__call__`, its progress callback) and the claimant's
+    (`check`, `request_stop`); see the module doc."""
+
+    def __init__(self, run: LoadRun, token: uuid.UUID) -> None:
+        self.run_id = run.pk
+        self.token = token
+        self.fraction = 0.0
+        self._stop = threading.Event()
+        self._why = ""
+        self._held = False
+
+    def __call__(self, fraction: float) -> None:
+        self.fraction = fraction
+        if self._stop.is_set():
+            raise LoadRunStopped(self._why)
+        self._hold(fraction)
+
+    def request_stop(self, why: str) -> None:
+        if not self._stop.is_set():
+            self._why = why
+            self._stop.set()
+
+    def check(self) -> str | None:
+        """Write progress and heartbeat; returns why the run must stop, or None."""
+        try:
+            with transaction.atomic():
+                now = server_clock.now()
+                updated = LoadRun.objects.filter(
+                    pk=self.run_id,
+                    claim=self.token,
+                    status=LoadRun.Status.RUNNING,
+                    cancel_requested_at__isnull=True,
+                ).update(progress=self.fraction, heartbeat_at=now, updated_at=now)
+                if updated:
+                    return None
+                row = LoadRun.objects.filter(pk=self.run_id).values("claim", "status").first()
+        except DatabaseError as error:
+            # The runner's heartbeat decides whether the run is still ours; go on meanwhile.
+            logger.warning("load run %s: progress not written (%s)", self.run_id, error)
+            return None
+        running = row is not None and row["status"] == LoadRun.Status.RUNNING
+        held = running and row is not None and row["claim"] == self.token
+        return CANCELLED if held else LOST
+
+    def _hold(self, fraction: float) -> None:
+        """Test hook (`SLUICE_TEST_HOLD_LOAD_RUN`): once the run reported progress, it holds
+        still while the named file exists, still answering cancel requests."""
+        path = settings.SLUICE_TEST_HOLD_LOAD_RUN
+        if not path or self._held or fraction <= 0.0:
+            return
+        self._held = True
+        Path(f"{path}.held").write_text(str(self.run_id))
+        while Path(path).exists():
+            if self._stop.is_set():
+                raise LoadRunStopped(self._why)
+            time.sleep(0.05)
+
+
+def _end(run: LoadRun, token: uuid.UUID, status: str, **values: Any) -> LoadRun:
+    """Write the run's end while `token` still holds it (else leave it to whoever does)."""
+    with transaction.atomic():
+        locked = LoadRun.objects.select_for_update().get(pk=run.pk)
+        if locked.finished or locked.claim != token:
+            logger.warning("%s is no longer held by this claim; not writing its end", run)
+            return locked
+        locked.status = status
+        locked.finished_at = server_clock.now()
+        for name, value in values.items():
+            setattr(locked, name, value)
+        locked.save()
+    return locked
+
+
+def _failed(run: LoadRun, token: uuid.UUID, error_type: str, detail: str) -> LoadRun:
+    return _end(run, token, LoadRun.Status.FAILED, error={"type": error_type, "detail": detail})
+
+
+def load_run_execute_claimed(
+    run: LoadRun, token: uuid.UUID, *, stop: threading.Event | None = None
+) -> LoadRun:
+    """Run the harness for `run`, claimed with `token`, and keep its record on the row.
+
+    `stop` set (the worker is shutting down) stops the run: a virtual-time run goes back to
+    the backlog, a staged-provider run ends `failed` / `interrupted`.
+    """
+    # Read here what the harness needs from the database: its thread never queries.
+    run.what_if_version  # noqa: B018
+    timelines: list[Any] = []
+    watch = LoadRunWatch(run, token)
+    outcome: dict[str, Any] = {}
+
+    def harness() -> None:
+        try:
+            outcome["record"] = qualification.execute(
+                run, keep_timeline=timelines.append, progress=watch
+            )
+        except BaseException as error:  # handed to the claimant's thread below
+            outcome["error"] = error
+
+    thread = threading.Thread(target=harness, name=f"sluice-load-{run.pk}", daemon=True)
+    thread.start()
+    while True:
+        thread.join(_check_seconds())
+        if not thread.is_alive():
+            break
+        why = watch.check()
+        if why is None and stop is not None and stop.is_set():
+            why = STOPPING
+        if why is not None:
+            watch.request_stop(why)
+    error = outcome.get("error")
+    if isinstance(error, LoadRunStopped):
+        return _stopped(run, token, error.why)
+    if isinstance(error, FileNotFoundError):
+        return _failed(
+            run, token, "manifest-missing", f"{run.manifest_name} is not under manifests/"
+        )
+    if isinstance(error, LoadHarnessError):
+        return _failed(run, token, "load-harness", str(error))
+    if isinstance(error, AdapterConfigError):
+        return _failed(run, token, "configuration", str(error))
+    if error is not None:
+        raise error
+    record = outcome["record"]
+    return _end(
+        run,
+        token,
+        LoadRun.Status.COMPLETED,
+        record=record,
+        timeline=timelines[-1] if timelines else None,
+        passed=bool(record.get("passed")),
+        manifest_digest=record.get("manifest", {}).get("digest", ""),
+        progress=1.0,
+    )
+
+
+def _stopped(run: LoadRun, token: uuid.UUID, why: str) -> LoadRun:
+    if why == CANCELLED:
+        logger.info("load run %s cancelled mid-run", run.pk)
+        return _end(run, token, LoadRun.Status.CANCELLED)
+    if why == STOPPING:
+        status = load_run_give_back(run, token, "its worker stopped mid-run")
+        logger.warning("load run %s: its worker stops; now %s", run.pk, status or "not ours")
+    else:
+        logger.warning("load run %s is no longer this claim's; stopped it", run.pk)
+    run.refresh_from_db()
+    return run
+
+
+def load_run_run_here(
+    run_id: uuid.UUID | str, *, wait_seconds: float = 0.0, poll_seconds: float = 0.5
+) -> LoadRun | None:
+    """Run a queued load run in this process once it is its turn (the shell's way), or wait for
+    whoever runs it; returns the run as it stands after `wait_seconds` or when it ended.
+
+    It is claimed exactly as a worker would claim it (`load_dispatch.load_run_claim_one`: the
+    workspace's cap in flight and its order hold), so the shell cannot jump the queue.
+    """
+    claimant = f"shell:{uuid.uuid4().hex[:8]}"
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        run = load_run_claim_one(run_id, claimant)
+        if run is not None:
+            assert run.claim is not None
+            return load_run_execute_claimed(run, run.claim)
+        current = LoadRun.objects.filter(pk=run_id).first()
+        if current is None or current.finished or time.monotonic() >= deadline:
+            return current
+        time.sleep(poll_seconds)
+
+
+def may_cancel_load_run(user: Any, run: LoadRun) -> bool:
+    """Operators cancel any load run of their workspace; whoever started a what-if run may
+    cancel it while they may still start one."""
+    if access.can(user, access.RUN_LOAD, run.workspace):
+        return True
+    return (
+        run.what_if_version_id is not None
+        and run.submitted_by_id == getattr(user, "pk", None)
+        and access.can(user, access.PROPOSE, run.workspace)
+    )
+
+
+def load_run_cancel(run: LoadRun, user: Any) -> LoadRun:
+    """Cancel a load run for `user` (who may start load runs in its workspace); returns it as
+    it is now: `cancelled` when it was queued, else still `running` with the request recorded,
+    which the process running it reads at its next progress report (about a second).
+
+    Raises `RunCancelNotAllowed` or `RunAlreadyFinished`.
+    """
+    if not may_cancel_load_run(user, run):
+        raise RunCancelNotAllowed(
+            f"only operators cancel load runs in workspace {run.workspace.key} (and proposers "
+            "their own what-if runs)"
+        )
+    with transaction.atomic():
+        locked = (
+            LoadRun.objects.select_for_update(of=("self",))
+            .select_related("workspace", "submitted_by", "what_if_version")
+            .get(pk=run.pk)
+        )
+        if locked.finished:
+            raise RunAlreadyFinished(
+                f"the load run already ended ({locked.status})", status=locked.status
+            )
+        now = server_clock.now()
+        fields = ["updated_at"]
+        if locked.cancel_requested_at is None:
+            locked.cancel_requested_at = now
+            locked.cancel_requested_by = user
+            fields += ["cancel_requested_at", "cancel_requested_by"]
+        if locked.status == LoadRun.Status.QUEUED:
+            locked.status = LoadRun.Status.CANCELLED
+            locked.finished_at = now
+            fields += ["status", "finished_at"]
+        locked.save(update_fields=fields)
+    logger.info(
+        "load run %s: cancel requested by %s (now %s)",
+        locked.pk,
+        user.get_username(),
+        locked.status,
+    )
+    return locked

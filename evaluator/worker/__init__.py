@@ -1,0 +1,1 @@
+"""Worker-side machinery: the evaluation loop, claiming and running runs, cancellation, receipts."""

@@ -1,0 +1,275 @@
+"""The backlog of evaluation runs in the database: claim fairly, heartbeat, sweep, give back.
+
+The run row is the truth; a broker message only says "look" (evaluator/worker/runner.py). Every
+function here is one short transaction and safe to call from several worker processes at once:
+
+- `runs_claim` takes queued runs for a worker, fairly across workspaces and principals: each
+  pick goes to the workspace with the fewest runs in flight (ties: the one whose oldest queued
+  run has waited longest), within it to the principal with the fewest, and then to that
+  principal's oldest run. A workspace already at `SLUICE_WORKSPACE_RUNS_IN_FLIGHT` is skipped.
+  On PostgreSQL claims are serialized by a transaction-scoped advisory lock (so the cap holds
+  exactly) and rows are taken `FOR UPDATE SKIP LOCKED`; SQLite serializes write transactions
+  itself (`transaction_mode=IMMEDIATE`), and every claim is a compare-and-set on `status`.
+- Each claim sets a fresh `claim` token. Heartbeats, the final write and giving a run back all
+  name the token, so a worker whose run was taken back cannot overwrite the next claimant's.
+- `runs_sweep` gives back to the backlog every `running` run whose claimant stopped
+  heartbeating (or, on this host, whose process no longer exists).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, Min, Q
+
+from evaluator import server_clock
+from evaluator.models import EvaluationRun, WorkerProcess
+
+__all__ = [
+    "WorkerRefused",
+    "gone_workers",
+    "process_start_ticks",
+    "run_release",
+    "runs_claim",
+    "runs_heartbeat",
+    "runs_sweep",
+    "worker_register",
+    "worker_stopped",
+]
+
+logger = logging.getLogger(__name__)
+
+QUEUED = EvaluationRun.Status.QUEUED
+RUNNING = EvaluationRun.Status.RUNNING
+# pg_advisory_xact_lock key for claims and worker registration ("sluice" in ASCII, truncated).
+_CLAIM_LOCK = 0x736C756963
+
+
+class WorkerRefused(Exception):
+    """This worker process must not run evaluations beside the live workers (it says why)."""
+
+
+def _serialize() -> None:
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
+
+
+# --------------------------------------------------------------------------- worker rows
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """The start time of process `pid` in clock ticks since boot (Linux), None if unknown."""
+    try:
+        stat = open(f"/proc/{pid}/stat", encoding="ascii").read()  # noqa: SIM115
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[19])
+
+
+def _gone(worker: WorkerProcess) -> bool:
+    """True when `worker` ran on this host and its process no longer exists."""
+    if worker.hostname != socket.gethostname():
+        return False
+    ticks = process_start_ticks(worker.pid)
+    return ticks is None or (worker.pid_started is not None and ticks != worker.pid_started)
+
+
+def worker_register(worker_id: str, *, coordinated: bool, slots: int) -> WorkerProcess:
+    """Record this worker process; raises `WorkerRefused` when admission is kept in-process
+    (not `coordinated`) on either side and another worker process is alive."""
+    with transaction.atomic():
+        _serialize()
+        now = server_clock.now()
+        stale = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
+        live = [
+            worker
+            for worker in WorkerProcess.objects.filter(
+                stopped_at__isnull=True, heartbeat_at__gte=stale
+            ).exclude(pk=worker_id)
+            if not _gone(worker)
+        ]
+        clash = [w for w in live if not (coordinated and w.coordinated)]
+        if clash:
+            raise WorkerRefused(
+                f"worker {clash[0].id} is running and admission is not shared between worker "
+                "processes (SLUICE_ADMISSION_REDIS_URL is empty on one of them): two such "
+                "processes would each allow the full limits. Stop it, or set "
+                "SLUICE_ADMISSION_REDIS_URL on every worker (docs/admission-coordination.md)."
+            )
+        pid = os.getpid()
+        return WorkerProcess.objects.create(
+            id=worker_id,
+            hostname=socket.gethostname(),
+            pid=pid,
+            pid_started=process_start_ticks(pid),
+            coordinated=coordinated,
+            slots=slots,
+            heartbeat_at=now,
+        )
+
+
+def worker_stopped(worker_id: str) -> None:
+    WorkerProcess.objects.filter(pk=worker_id).update(stopped_at=server_clock.now())
+
+
+# -------------------------------------------------------------------------------- claims
+
+
+def runs_claim(worker_id: str, limit: int) -> list[EvaluationRun]:
+    """Claim up to `limit` queued runs for `worker_id`, fairly (see the module docstring)."""
+    if limit <= 0:
+        return []
+    cap = int(settings.SLUICE_WORKSPACE_RUNS_IN_FLIGHT)
+    claimed: list[EvaluationRun] = []
+    with transaction.atomic():
+        _serialize()
+        heads: dict[tuple[int, str], Any] = {
+            (row["workspace_id"], row["principal_id"]): row["first"]
+            for row in EvaluationRun.objects.filter(status=QUEUED)
+            .values("workspace_id", "principal_id")
+            .annotate(first=Min("created_at"))
+        }
+        if not heads:
+            return []
+        by_principal: Counter[tuple[int, str]] = Counter()
+        by_workspace: Counter[int] = Counter()
+        for row in (
+            EvaluationRun.objects.filter(status=RUNNING)
+            .values("workspace_id", "principal_id")
+            .annotate(n=Count("id"))
+        ):
+            by_principal[(row["workspace_id"], row["principal_id"])] += row["n"]
+            by_workspace[row["workspace_id"]] += row["n"]
+        while len(claimed) < limit and heads:
+            waiting: dict[int, Any] = {}
+            for (workspace, _), first in heads.items():
+                if by_workspace[workspace] < cap and (
+                    workspace not in waiting or first < waiting[workspace]
+                ):
+                    waiting[workspace] = first
+            if not waiting:
+                break
+            workspace = min(waiting, key=lambda w: (by_workspace[w], waiting[w]))
+            group = min(
+                (key for key in heads if key[0] == workspace),
+                key=lambda key: (by_principal[key], heads[key]),
+            )
+            run = (
+                EvaluationRun.objects.select_for_update(skip_locked=True, of=("self",))
+                .select_related("workspace")
+                .filter(status=QUEUED, workspace_id=group[0], principal_id=group[1])
+                .order_by("created_at", "id")
+                .first()
+            )
+            if run is None:
+                del heads[group]
+                continue
+            now = server_clock.now()
+            run.status = RUNNING
+            run.claimed_by = worker_id
+            run.claim = uuid.uuid4()
+            run.heartbeat_at = now
+            run.deliveries += 1
+            if run.started_at is None:
+                run.started_at = now
+            updated = EvaluationRun.objects.filter(pk=run.pk, status=QUEUED).update(
+                status=RUNNING,
+                claimed_by=worker_id,
+                claim=run.claim,
+                heartbeat_at=now,
+                deliveries=run.deliveries,
+                started_at=run.started_at,
+                updated_at=now,
+            )
+            if updated != 1:
+                continue
+            claimed.append(run)
+            by_workspace[workspace] += 1
+            by_principal[group] += 1
+            # The next run of the group is younger; it keeps its place until asked again.
+            heads[group] = max(heads[group], run.created_at)
+    for run in claimed:
+        if run.deliveries > 1:
+            logger.warning("%s claimed again (delivery %d); resuming", run, run.deliveries)
+    return claimed
+
+
+def runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -> set[uuid.UUID]:
+    """Beat for the worker and for its runs (run id → claim token); returns the ids of runs
+    taken away from this worker (given back, or claimed again by another). A run this claim
+    finished is not taken away: its coroutine is just about to return."""
+    now = server_clock.now()
+    WorkerProcess.objects.filter(pk=worker_id).update(heartbeat_at=now)
+    if not claims:
+        return set()
+    held = set(
+        EvaluationRun.objects.filter(
+            claim__in=list(claims.values()), claimed_by=worker_id
+        ).values_list("claim", flat=True)
+    )
+    if held:
+        EvaluationRun.objects.filter(claim__in=held, status=RUNNING).update(heartbeat_at=now)
+    return {run_id for run_id, token in claims.items() if token not in held}
+
+
+def run_release(run_id: uuid.UUID, token: uuid.UUID) -> bool:
+    """Give a run this worker holds back to the backlog; False when it was not held any more."""
+    updated = EvaluationRun.objects.filter(pk=run_id, claim=token, status=RUNNING).update(
+        status=QUEUED,
+        claimed_by="",
+        claim=None,
+        heartbeat_at=None,
+        updated_at=server_clock.now(),
+    )
+    return updated == 1
+
+
+def gone_workers() -> list[str]:
+    """Mark stopped every live-looking worker of this host whose process no longer exists;
+    returns their ids."""
+    gone = [w.id for w in WorkerProcess.objects.filter(stopped_at__isnull=True) if _gone(w)]
+    if gone:
+        WorkerProcess.objects.filter(pk__in=gone).update(stopped_at=server_clock.now())
+    return gone
+
+
+def runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
+    """Give back every run whose claimant is gone; returns their ids.
+
+    A claimant is gone when it ran on this host and its process no longer exists, or (only when
+    `trust_heartbeats`: the caller itself has reached the database for a whole stale window, so
+    an outage everyone shared is not mistaken for death) when the run's heartbeat is older than
+    `SLUICE_RUN_STALE_SECONDS`.
+    """
+    now = server_clock.now()
+    stale = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
+    gone = gone_workers()
+    lost = Q(claimed_by__in=gone)
+    if trust_heartbeats:
+        lost |= Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, updated_at__lt=stale)
+        WorkerProcess.objects.filter(heartbeat_at__lt=now - timedelta(days=1)).delete()
+    found = list(
+        EvaluationRun.objects.filter(lost, status=RUNNING).values_list("pk", "claimed_by", "claim")
+    )
+    taken = []
+    for run_id, holder, token in found:
+        if token is None or run_release(run_id, token):
+            if token is None:
+                EvaluationRun.objects.filter(pk=run_id, status=RUNNING).update(
+                    status=QUEUED, claimed_by="", heartbeat_at=None, updated_at=now
+                )
+            logger.warning(
+                "evaluation %s: its worker %s stopped; back in the backlog", run_id, holder or "?"
+            )
+            taken.append(run_id)
+    return taken

@@ -1,0 +1,169 @@
+"""CNC-RECEIPT-V3 on PostgreSQL: many slots of one run written at once are all kept, a second
+writer of the same run overwrites nothing, and one run's writes never wait for another's."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.db import connections, transaction
+
+from admission.core import SystemClock
+from evaluator.engine.errors import ReceiptConflictError
+from evaluator.engine.outcomes import SUCCEEDED, AttemptRecord, DecisionOutcome
+from evaluator.engine.receipts import ReceiptJournal, ReceiptKey
+from evaluator.models import Receipt
+from evaluator.worker.receipts_db import DatabaseReceiptStore
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+SLOTS = 64
+
+
+def attempt(index: int, *, outcome: str = "execution-uncertain") -> AttemptRecord:
+    return AttemptRecord(
+        target_index=0,
+        adapter_id="fake",
+        model="model-a",
+        number=1,
+        sent=True,
+        outcome=outcome,
+        reason="dispatched" if outcome != SUCCEEDED else "answered",
+        evidence={"decision": "admit", "active": index + 1},
+        started_ms=float(index),
+    )
+
+
+async def open_journal(store, invocation_id: str, decisions: int) -> ReceiptJournal:
+    return await ReceiptJournal.open(
+        store,
+        ReceiptKey("ws-pg", "principal-pg", invocation_id),
+        ruleset_id="stress",
+        ruleset_digest="sha256:" + "0" * 64,
+        decision_ids=[f"d{i}" for i in range(decisions)],
+        clock=SystemClock(),
+    )
+
+
+def stored(invocation_id: str) -> dict:
+    return Receipt.objects.get(workspace_id="ws-pg", invocation_id=invocation_id).document
+
+
+@pytest.fixture
+def pool():
+    executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="test-db")
+    yield executor
+
+    # Each pool thread closes its own connection before the test database goes away (the
+    # barrier puts one task on each thread).
+    barrier = threading.Barrier(8)
+
+    def close() -> None:
+        barrier.wait(10)
+        connections.close_all()
+
+    for future in [executor.submit(close) for _ in range(8)]:
+        future.result()
+    executor.shutdown(wait=True)
+
+
+def test_CNC_RECEIPT_V3_007_sixty_four_slots_of_one_run_filled_at_once_are_all_kept(pool):
+    store = DatabaseReceiptStore(pool)
+    rng = random.Random(7)
+
+    async def dispatch(journal: ReceiptJournal, index: int) -> None:
+        # Spread over several writes: some slots join a write in flight, some start the next.
+        await asyncio.sleep(rng.random() * 0.02)
+        await journal.mark_dispatch(index, attempt(index))
+
+    async def settle(journal: ReceiptJournal, index: int) -> None:
+        await asyncio.sleep(rng.random() * 0.02)
+        record = attempt(index, outcome=SUCCEEDED)
+        await journal.record_attempt(
+            index, record, outcome=DecisionOutcome(f"d{index}", SUCCEEDED, "yes", (record,))
+        )
+
+    async def main():
+        journal = await open_journal(store, "inv-stress", SLOTS)
+        await asyncio.gather(*(dispatch(journal, i) for i in range(SLOTS)))
+        filled = await asyncio.to_thread(stored, "inv-stress")
+        await asyncio.gather(*(settle(journal, i) for i in range(SLOTS)))
+        await journal.finish("completed")
+        return filled, await asyncio.to_thread(stored, "inv-stress")
+
+    filled, done = asyncio.run(main())
+    assert sorted(slot["decisionIndex"] for slot in filled["pendingDispatches"]) == list(
+        range(SLOTS)
+    )
+    assert filled["maxPendingDispatches"] == SLOTS
+    # Fewer writes than slots: slots that came while a write was in flight went together.
+    assert filled["revision"] - 1 < SLOTS
+    assert done["pendingDispatches"] == [] and done["state"] == "completed"
+    assert [entry["status"] for entry in done["decisions"]] == [SUCCEEDED] * SLOTS
+    assert all(len(entry["attempts"]) == 1 for entry in done["decisions"])
+    row = Receipt.objects.get(workspace_id="ws-pg", invocation_id="inv-stress")
+    assert row.pending_dispatch is False and row.revision == done["revision"]
+
+
+def test_a_second_writer_of_the_same_run_overwrites_no_slot(pool):
+    store = DatabaseReceiptStore(pool)
+
+    async def main():
+        first = await open_journal(store, "inv-two-writers", 4)
+        await first.mark_dispatch(0, attempt(0))
+        # Another claimant opens the same receipt and writes first.
+        second = await open_journal(store, "inv-two-writers", 4)
+        await second.mark_dispatch(1, attempt(1))
+        with pytest.raises(ReceiptConflictError):
+            await first.mark_dispatch(2, attempt(2))
+        # The journal that lost stays failed: nothing of it is written afterwards.
+        with pytest.raises(ReceiptConflictError):
+            await first.record_attempt(0, attempt(0, outcome=SUCCEEDED))
+        return await asyncio.to_thread(stored, "inv-two-writers")
+
+    document = asyncio.run(main())
+    assert sorted(slot["decisionIndex"] for slot in document["pendingDispatches"]) == [0, 1]
+
+
+def test_one_runs_writes_never_wait_for_another_runs(pool):
+    """A transaction holding run A's row locked does not delay run B's slots and records."""
+    store = DatabaseReceiptStore(pool)
+    locked = threading.Event()
+    release = threading.Event()
+
+    def hold_row() -> None:
+        try:
+            with transaction.atomic():
+                Receipt.objects.select_for_update().get(workspace_id="ws-pg", invocation_id="inv-a")
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    async def main():
+        run_a = await open_journal(store, "inv-a", 2)
+        run_b = await open_journal(store, "inv-b", 8)
+        holder = threading.Thread(target=hold_row)
+        holder.start()
+        await asyncio.to_thread(locked.wait, 10)
+        blocked = asyncio.ensure_future(run_a.mark_dispatch(0, attempt(0)))
+        try:
+            # B's eight dispatches and records all land while A's write waits for the lock.
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(run_b.mark_dispatch(i, attempt(i)) for i in range(8)))
+                for i in range(8):
+                    await run_b.record_attempt(i, attempt(i, outcome=SUCCEEDED))
+            a_waiting = not blocked.done()
+        finally:
+            release.set()
+            await asyncio.to_thread(holder.join, 10)
+        await blocked
+        return a_waiting, await asyncio.to_thread(stored, "inv-b")
+
+    a_waiting, document_b = asyncio.run(main())
+    assert a_waiting, "run A's write should have waited for its own row's lock"
+    assert document_b["pendingDispatches"] == []
+    assert all(len(entry["attempts"]) == 1 for entry in document_b["decisions"])
