@@ -19,10 +19,10 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, transaction
 
-from admission.canary import CanaryRegistry
 from admission.coordination import CoordinationSettings, RedisCoordinator
 from admission.core import AdmissionRegistry, Profile
 from admission.models import ProfileChangeRecord, ProfileVersion
+from admission.runtime.canary import CanaryRegistry
 
 if TYPE_CHECKING:
     from admission.core import ProfileChangeRecord as CoreChangeRecord
@@ -205,7 +205,7 @@ def registry_for_run(plan: RunPlan) -> AdmissionRegistry:
     """Bring this process's shadow of the plan's workspace in line with `plan` and return the
     registry the run admits through: for a canary run, one whose controllers admit under the
     canary version's limits and also take the active version's shared pools
-    (`admission.canary`), else the process registry.
+    (`admission.runtime.canary`), else the process registry.
 
     Call with the evaluation loop frozen: shadows and registries belong to that loop.
     """

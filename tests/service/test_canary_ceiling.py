@@ -11,8 +11,8 @@ import uuid
 from typing import Any
 
 import pytest
-
 from evaluator.forms import example_request
+
 from tests.evaluator.loopback import LoopbackServer, Reply
 
 from .conftest import Deployment, admission_redis_env

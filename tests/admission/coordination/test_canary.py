@@ -1,7 +1,7 @@
-"""A canary's admission (admission/canary.py): under the canary version's limits, counted for the
-whole deployment, and within the active version's shared pools, so the provider never sees more
-than the active ceiling. In one process on virtual time, and across two simulated processes
-sharing a real Redis (the canary under a key space of its own)."""
+"""A canary's admission (admission/runtime/canary.py): under the canary version's limits,
+counted for the whole deployment, and within the active version's shared pools, so the provider
+never sees more than the active ceiling. In one process on virtual time, and across two
+simulated processes sharing a real Redis (the canary under a key space of its own)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import dataclasses
 import random
 from typing import Any
 
-from admission.canary import CanaryRegistry
 from admission.coordination import CoordinationSettings, RedisCoordinator
 from admission.core import AdmissionRegistry, AdmissionRejected, Profile, VirtualTimeLoop
+from admission.runtime.canary import CanaryRegistry
 
 from .conftest import WORKSPACE, Deployment, profile, request, run
 
@@ -148,8 +148,9 @@ def test_across_two_processes_the_canary_is_counted_once_and_inside_the_active_p
     seen = InFlight()
 
     async def scenario() -> list[str]:
-        first = deployment.process(register=active_profile)
-        second = deployment.process(register=active_profile)
+        # Forty requests at once on a busy machine: round trips get room beyond the default.
+        first = deployment.process(register=active_profile, timeout_ms=5_000)
+        second = deployment.process(register=active_profile, timeout_ms=5_000)
         canaries = []
         for process in (first, second):
             settings: CoordinationSettings = process.coordinator.settings
