@@ -11,8 +11,8 @@ import uuid
 from typing import Any
 
 import pytest
-from evaluator.forms import example_request
 
+from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
 from .conftest import Deployment, admission_redis_env
@@ -24,7 +24,7 @@ RUNS, DECISIONS = 40, 5
 
 VERSIONS = """
 from django.contrib.auth import get_user_model
-from admission import services
+from admission.services import profiles as services
 from admission.models import Workspace
 from config.demo import demo_profile
 users = get_user_model().objects
