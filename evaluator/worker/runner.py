@@ -112,7 +112,7 @@ class Runner:
         )
         self._load_held: dict[uuid.UUID, _LoadHeld] = {}
         self._load_stop = threading.Event()
-        self._waiting = 0  # attempts of this process's runs waiting for admission (loop thread)
+        self._waiting = 0  # runs of this process waiting for admission, none of their calls out
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._halt = threading.Event()
@@ -458,34 +458,70 @@ async def _hold_left_seconds() -> float:
 
 
 class _SlotFreeingController:
-    """A workspace's controller, counting the attempts that wait in its `acquire`."""
+    """A workspace's controller as one run sees it, counting that run's attempts waiting in
+    `acquire` and holding a lease."""
 
-    def __init__(self, controller: Any, runner: Runner) -> None:
+    def __init__(self, controller: Any, run: _SlotFreeingRegistry) -> None:
         self._controller = controller
-        self._runner = runner
+        self._run = run
 
     async def acquire(self, request: Any) -> Any:
-        self._runner._admission_wait(+1)
+        self._run.attempts_changed(waiting=+1)
         try:
-            return await self._controller.acquire(request)
-        finally:
-            self._runner._admission_wait(-1)
+            lease = await self._controller.acquire(request)
+        except BaseException:
+            self._run.attempts_changed(waiting=-1)
+            raise
+        self._run.attempts_changed(waiting=-1, holding=+1)
+        return _CountedLease(lease, self._run)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._controller, name)
 
 
+class _CountedLease:
+    """A lease whose release tells its run that one attempt no longer holds a permit."""
+
+    def __init__(self, lease: Any, run: _SlotFreeingRegistry) -> None:
+        self._lease = lease
+        self._run: _SlotFreeingRegistry | None = run
+
+    def release(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._lease.release(*args, **kwargs)
+        finally:
+            run, self._run = self._run, None
+            if run is not None:
+                run.attempts_changed(holding=-1)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lease, name)
+
+
 class _SlotFreeingRegistry:
     """A run's registry as its evaluation sees it: its controllers free the run's slot while
-    the run waits for admission."""
+    the run waits for admission, that is while some of its attempts wait and none holds a
+    permit (a run with calls in flight keeps its slot, however many more of its attempts
+    wait)."""
 
     def __init__(self, runner: Runner, registry: AdmissionRegistry) -> None:
         self._runner = runner
         self._registry = registry
+        # Touched on the event loop only.
+        self._waiting = 0
+        self._holding = 0
 
     def controller(self, workspace_id: str) -> Any:
         found = self._registry.controller(workspace_id)
-        return None if found is None else _SlotFreeingController(found, self._runner)
+        return None if found is None else _SlotFreeingController(found, self)
+
+    def attempts_changed(self, *, waiting: int = 0, holding: int = 0) -> None:
+        was = self._waiting > 0 and self._holding == 0
+        self._waiting += waiting
+        self._holding += holding
+        now = self._waiting > 0 and self._holding == 0
+        if now != was:
+            self._runner._admission_wait(+1 if now else -1)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._registry, name)
