@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -47,6 +48,10 @@ services.profile_version_activate(version=version("demo-active", 4), actor=appro
 version("demo-canary", 2)
 print("ok")
 """
+
+
+def _at(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def _most_at_once(intervals: list[tuple[float, float]]) -> int:
@@ -110,11 +115,15 @@ def test_a_canary_never_takes_the_provider_above_the_active_ceiling(deployment: 
     on_canary = {run_id for run_id in tags if runs[run_id]["result"]["rollout"]["canary"]}
     assert 0 < len(on_canary) < RUNS
     assert all(runs[run_id]["profileVersion"] == "demo-canary" for run_id in on_canary)
-    assert all(runs[r]["profileVersion"] == "demo-active" for r in set(tags) - on_canary)
-    # After the promotion every new run is on the promoted version, as the active one.
-    for run_id in after:
-        assert runs[run_id]["profileVersion"] == "demo-canary"
-        assert runs[run_id]["result"]["rollout"]["canary"] is None
+    # Every other run started on the active version, or, from the promotion on, on the
+    # promoted one: the switch happens at a run boundary.
+    promoted_at = _at(promoted.json()["at"])
+    others = [runs[run_id] for run_id in set(tags) - on_canary]
+    assert any(run["profileVersion"] == "demo-active" for run in others)
+    for run in [*others, *(runs[run_id] for run_id in after)]:
+        expected = "demo-canary" if _at(run["startedAt"]) >= promoted_at else "demo-active"
+        assert run["profileVersion"] == expected, (run["startedAt"], promoted_at)
+        assert run["result"]["rollout"]["canary"] is None
 
     canary_tags = {tags[run_id] for run_id in on_canary}
     calls = provider.requests
