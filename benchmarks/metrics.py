@@ -1,5 +1,5 @@
 """Response time of `GET /metrics` and of the live admission dashboard with many principals
-known to deployment-wide admission.
+known to deployment-wide admission, or (`--embedded`) to admission kept in one worker process.
 
 Run:  DATABASE_URL=postgres://root@127.0.0.1:5432/sluice \\
       SLUICE_ADMISSION_REDIS_URL=redis://127.0.0.1:6379/0 .venv/bin/python benchmarks/metrics.py
@@ -12,7 +12,10 @@ registry, so the shared state holds their scopes and the decision totals. `--wor
 workspaces get the same treatment with a few principals each. Then `/metrics` is requested
 through Django's test client (the whole page: Redis reads, database counts, dependency checks),
 then the admin's dashboard (`/admin/admission/live/`, every workspace, five SVG charts each) by a
-member of all of them, and their times reported. Figures only; no bounds.
+member of all of them, and their times reported. With `--embedded` no Redis is used: the
+principals are admitted through this process's own registry, whose figures are published as
+a worker's snapshot row (admission/runtime/live.py) that both pages then read. Figures only; no
+bounds.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import asyncio
 import os
 import secrets
 import statistics
+import sys
 import time
 import uuid
 
@@ -31,7 +35,15 @@ PREFIX = f"sluice-bench-{uuid.uuid4().hex[:8]}"
 os.environ["SLUICE_ADMISSION_KEY_PREFIX"] = PREFIX
 TOKEN = secrets.token_urlsafe(24)
 os.environ["SLUICE_METRICS_TOKEN"] = TOKEN
-configure(SLUICE_ADMISSION_REDIS_URL="redis://127.0.0.1:6379/0")
+EMBEDDED = "--embedded" in sys.argv
+if EMBEDDED:
+    os.environ["SLUICE_ADMISSION_REDIS_URL"] = ""
+# A profile naming 10 000 principals is above the deployment's default document caps.
+configure(
+    SLUICE_ADMISSION_REDIS_URL="redis://127.0.0.1:6379/0",
+    SLUICE_MAX_PROFILE_BYTES="16000000",
+    SLUICE_MAX_PROFILE_PRINCIPALS="100000",
+)
 
 import redis  # noqa: E402
 from django.conf import settings  # noqa: E402
@@ -41,6 +53,7 @@ from django.test import Client  # noqa: E402
 
 from admission.core import AdmissionRegistry, AdmissionRequest, Estimate  # noqa: E402
 from admission.models import Workspace, WorkspaceMembership  # noqa: E402
+from admission.runtime import live  # noqa: E402
 from admission.runtime import registry as runtime  # noqa: E402
 from admission.services import profiles as services  # noqa: E402
 from config.demo import DEMO_PROFILE, demo_setup  # noqa: E402
@@ -85,6 +98,8 @@ async def _admit_each(registry: AdmissionRegistry, workspace: str, principals: i
             lease.release(success=True)
 
     await asyncio.gather(*(once(index) for index in range(principals)))
+    if EMBEDDED:
+        return
     coordinator = controller._coordinator  # type: ignore[attr-defined]
     await coordinator.settle()
     # The heartbeat reports decisions counted without a round trip; then the process leaves.
@@ -108,6 +123,19 @@ def seed(principals: int, workspaces: int) -> None:
             )
         _activate(workspace, _profile("bench-v1", 10), proposer, approver)
         keys.append(workspace.key)
+    if EMBEDDED:
+        # One worker's registry for every workspace, its figures published as it would.
+        runtime.reset_registry()
+        loop = asyncio.new_event_loop()
+        publisher = live.LivePublisher("bench-worker", loop, interval=60)
+        publisher.tally.attach(runtime.get_registry())
+        for key in keys:
+            count = principals if key == "demo" else 10
+            loop.run_until_complete(_admit_each(runtime.get_registry(), key, count))
+        publisher.publish()
+        loop.close()
+        runtime.reset_registry()
+        return
     for key in keys:
         runtime.reset_registry()
         asyncio.run(_admit_each(runtime.get_registry(), key, principals if key == "demo" else 10))
@@ -160,25 +188,30 @@ def main() -> None:
     parser.add_argument("--principals", type=int, default=10_000)
     parser.add_argument("--workspaces", type=int, default=0, help="more workspaces, 10 each")
     parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument(
+        "--embedded", action="store_true", help="admission in this process, no Redis"
+    )
     args = parser.parse_args()
 
-    client = redis.Redis.from_url(settings.SLUICE_ADMISSION_REDIS_URL)
+    client = None if EMBEDDED else redis.Redis.from_url(settings.SLUICE_ADMISSION_REDIS_URL)
     with throwaway_database():
         try:
             started = time.perf_counter()
             seed(args.principals, args.workspaces)
             print(
-                f"/metrics on {connection.vendor}, admission in Redis; {args.principals:,} "
+                f"/metrics on {connection.vendor}, admission "
+                f"{'in one worker process' if EMBEDDED else 'in Redis'}; {args.principals:,} "
                 f"principals in the demo workspace and {args.workspaces} more workspaces "
                 f"(seeded in {time.perf_counter() - started:.1f} s)"
             )
             _report("GET /metrics", measure(args.repeat))
             dashboard(args.repeat)
         finally:
-            keys = list(client.scan_iter(f"{PREFIX}:*", count=1000))
-            for start in range(0, len(keys), 1000):
-                client.delete(*keys[start : start + 1000])
-            client.close()
+            if client is not None:
+                keys = list(client.scan_iter(f"{PREFIX}:*", count=1000))
+                for start in range(0, len(keys), 1000):
+                    client.delete(*keys[start : start + 1000])
+                client.close()
 
 
 if __name__ == "__main__":

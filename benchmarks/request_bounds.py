@@ -6,7 +6,8 @@ For each text shape that made the former depth check quadratic, and each that st
 scanner, the CPU time of `nesting_depth` at a quarter, a half and the whole body cap (the best of
 five), with the growth from a quarter to the whole (4.0 is linear); then the time to count a
 prompt's rendered length for the expansion that once rendered a gigabyte. Figures only; the
-bounds are asserted in tests/config/test_request_cost.py and tests/evaluator/test_prompt_bounds.py.
+bounds are asserted in tests/console/api/test_request_cost.py and
+tests/evaluator/test_prompt_bounds.py.
 """
 
 from __future__ import annotations

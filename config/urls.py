@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 
 from console.admin import tokens as token_admin  # noqa: F401  (replaces the token library's admin)
 from console.admin.dashboard import dashboard_view
+from console.admin.usage import usage_view
 from console.api.schemas import EvaluationSchemaView, ProfileSchemaView
 from console.api.tokens import TokenIssueView
 
@@ -12,6 +13,7 @@ urlpatterns = [
     path(
         "admin/admission/live/", admin.site.admin_view(dashboard_view), name="admission-dashboard"
     ),
+    path("admin/usage/", admin.site.admin_view(usage_view), name="usage"),
     path("admin/", admin.site.urls),
     path("runbooks/", include("console.runbooks")),
     # The evaluator's routes first: its what-if route lies under a profile's, whose label may

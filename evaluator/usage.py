@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F, Max, QuerySet, Sum
 from django.utils import timezone
 
@@ -39,6 +39,7 @@ __all__ = [
     "usage_record_run",
     "usage_series",
     "usage_totals",
+    "usage_totals_summed",
 ]
 
 CSV_COLUMNS = (
@@ -246,43 +247,76 @@ def usage_totals(rows: QuerySet[UsageHour], by: str | None = None) -> list[Usage
     return totals
 
 
+def _refusal_reasons(rows: QuerySet[UsageHour]) -> dict[str, int]:
+    """Refusals by reason over `rows`, summed in the database where it can read JSON."""
+    inner = rows.filter(refused__gt=0).order_by().values("refused_by_reason")
+    vendor = connection.vendor
+    if vendor in ("postgresql", "sqlite"):
+        sql, params = inner.query.sql_with_params()
+        each = "jsonb_each_text" if vendor == "postgresql" else "json_each"
+        value = "r.value::bigint" if vendor == "postgresql" else "r.value"
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT r.key, SUM({value}) FROM ({sql}) AS u, "
+                f"{each}(u.refused_by_reason) AS r GROUP BY r.key",
+                params,
+            )
+            return {str(key): int(total) for key, total in cursor.fetchall()}
+    reasons: dict[str, int] = defaultdict(int)
+    for found in inner:
+        for reason, count in (found["refused_by_reason"] or {}).items():
+            reasons[reason] += int(count)
+    return dict(reasons)
+
+
+def usage_totals_summed(parts: list[UsageTotals]) -> UsageTotals | None:
+    """One line that adds up `parts` (say, the per-provider lines): no second scan."""
+    if not parts:
+        return None
+    return UsageTotals(
+        key="all",
+        **{name: sum(getattr(part, name) for part in parts) for name in _SUMMED},
+        queue_delay_ms_max=max(part.queue_delay_ms_max for part in parts),
+    )
+
+
 def usage_series(rows: QuerySet[UsageHour], start: datetime, end: datetime) -> dict[str, Any]:
     """Per hour from `start` to `end` (every hour, empty ones as 0): calls, tokens, cost,
-    refused, admitted and the mean queue delay; and refusals by reason over the range."""
-    hours: list[datetime] = []
+    refused, admitted and the mean queue delay; and refusals by reason over the range. Summed
+    in the database."""
+    summed: dict[datetime, dict[str, Any]] = {
+        row["hour"]: dict(row)
+        for row in rows.order_by()
+        .values("hour")
+        .annotate(
+            calls_=Sum("calls"),
+            tokens_=Sum("tokens"),
+            cost_=Sum("cost_usd"),
+            admitted_=Sum("admitted"),
+            refused_=Sum("refused"),
+            delay_=Sum("queue_delay_ms_sum"),
+        )
+    }
+    series = []
     at = _hour(start)
     while at < end:
-        hours.append(at)
-        at += timedelta(hours=1)
-    per_hour: dict[datetime, dict[str, float]] = {h: defaultdict(float) for h in hours}
-    reasons: dict[str, int] = defaultdict(int)
-    for row in rows.order_by().values(
-        "hour", "calls", "tokens", "cost_usd", "admitted", "refused", "queue_delay_ms_sum",
-        "refused_by_reason",
-    ):  # fmt: skip
-        figures = per_hour.get(row["hour"])
-        if figures is not None:
-            for name in ("calls", "tokens", "cost_usd", "admitted", "refused"):
-                figures[name] += row[name]
-            figures["delay_sum"] += row["queue_delay_ms_sum"]
-        for reason, count in (row["refused_by_reason"] or {}).items():
-            reasons[reason] += int(count)
-    series = []
-    for hour in hours:
-        figures = per_hour[hour]
-        admitted = figures["admitted"]
+        row: dict[str, Any] = summed.get(at) or {}
+        admitted = int(row.get("admitted_") or 0)
         series.append(
             {
-                "hour": hour,
-                "calls": int(figures["calls"]),
-                "tokens": int(figures["tokens"]),
-                "cost_usd": figures["cost_usd"],
-                "admitted": int(admitted),
-                "refused": int(figures["refused"]),
-                "mean_queue_delay_ms": figures["delay_sum"] / admitted if admitted else 0.0,
+                "hour": at,
+                "calls": int(row.get("calls_") or 0),
+                "tokens": int(row.get("tokens_") or 0),
+                "cost_usd": float(row.get("cost_") or 0.0),
+                "admitted": admitted,
+                "refused": int(row.get("refused_") or 0),
+                "mean_queue_delay_ms": float(row.get("delay_") or 0.0) / admitted
+                if admitted
+                else 0.0,
             }
         )
-    return {"hours": series, "refused_by_reason": dict(sorted(reasons.items()))}
+        at += timedelta(hours=1)
+    return {"hours": series, "refused_by_reason": dict(sorted(_refusal_reasons(rows).items()))}
 
 
 def _csv_row(row: UsageHour) -> list[Any]:

@@ -28,6 +28,7 @@ from console.admin.profiles import (
 )
 from console.charts.load_runs import load_run_bounds, load_run_glance
 from console.forms.runs import EvaluationSubmitForm, LoadRunStartForm
+from console.templatetags.readable import readable_number
 from evaluator import selectors
 from evaluator.engine.receipts import pending_slots
 from evaluator.models import EvaluationRun, LoadRun, Receipt
@@ -37,7 +38,8 @@ from evaluator.services import runs as services
 
 def _table(headers: tuple[str, ...], rows: Any) -> SafeString | str:
     """A small escaped HTML table for a read-only admin field; a dash when there are no rows."""
-    rows = list(rows)
+    # Numbers rounded for reading; the JSON beside keeps every digit.
+    rows = [tuple(readable_number(cell) for cell in row) for row in rows]
     if not rows:
         return "—"
     cells = "".join("<td>{}</td>" for _ in headers)
@@ -260,8 +262,8 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
                 attempt.get("outcome"),
                 attempt.get("reason"),
                 f"{evidence.get('decision', '—')} / {evidence.get('reason', '—')}",
-                evidence.get("queueDelayMs", "—"),
-                evidence.get("active", "—"),
+                readable_number(evidence.get("queueDelayMs", "—")),
+                readable_number(evidence.get("active", "—")),
             )
 
         rows = format_html_join(

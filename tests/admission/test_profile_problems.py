@@ -1,5 +1,5 @@
-"""Every problem of a profile document at once (admission/profile_problems.py): the same core
-rules, each problem naming its field, nothing reported for a valid document."""
+"""Every problem of a profile document at once (admission/profile_problems.py): the
+same core rules, each problem naming its field, nothing reported for a valid document."""
 
 from __future__ import annotations
 

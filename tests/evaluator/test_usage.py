@@ -1,6 +1,6 @@
-"""Hourly usage aggregates (evaluator/usage.py): a finishing run's attempts add up per hour,
-provider and principal, exactly once; totals, series and the CSV export read them back; old
-hours go after the retention."""
+"""Hourly usage aggregates (evaluator/usage.py): a finishing run's attempts add up per
+hour, provider and principal, exactly once; totals, series and the CSV export read them back;
+old hours go after the retention."""
 
 from __future__ import annotations
 

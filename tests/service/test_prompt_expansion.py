@@ -12,13 +12,15 @@ from typing import Any
 import pytest
 
 from console.forms.runs import example_request
+from evaluator.engine.rulesets import DEFAULT_MAX_PROMPT_CHARS
 
 from .conftest import Deployment
 from .test_fairness import QUIET_WORKSPACE, _latency, _quiet_run
 
 pytestmark = pytest.mark.celery
 
-PROMPT_CAP = 200_000
+# The deployment's default cap (SLUICE_MAX_PROMPT_CHARS), which the test leaves as it is.
+PROMPT_CAP = DEFAULT_MAX_PROMPT_CHARS
 DECISIONS = 40
 # docs/running.md: one evaluation's prompts add at most this much to the worker's peak RSS
 # (its concurrent decisions x a few copies of a prompt at the cap, with room to spare).
@@ -43,7 +45,6 @@ def _peak_rss_mib(pid: int) -> float:
 def test_prompts_at_the_cap_keep_the_worker_small_and_other_tenants_fast(tmp_path: Path) -> None:
     deployment = Deployment(tmp_path, "full")
     deployment.env.update(
-        SLUICE_MAX_PROMPT_CHARS=str(PROMPT_CAP),
         SLUICE_MAX_DECISIONS=str(DECISIONS),
         SLUICE_ADAPTERS=deployment.adapters(latency_ms=150),
     )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from django.urls import path
 
-from console.api.evaluator import views
+from console.api.evaluator import usage, views
 
 _WORKSPACE = "workspaces/<slug:workspace_key>"
 
 urlpatterns = [
+    path(f"{_WORKSPACE}/usage/", usage.UsageView.as_view(), name="workspace-usage"),
+    path(f"{_WORKSPACE}/usage.csv", usage.UsageCsvView.as_view(), name="workspace-usage-csv"),
     path(
         f"{_WORKSPACE}/evaluations/",
         views.EvaluationRunListView.as_view(),

@@ -164,3 +164,32 @@ def test_a_load_run_page_plots_its_record_beside_the_numbers(
         assert numbers_box["x"] + numbers_box["width"] <= 1280
         expect(page.locator("#run-refresh")).to_have_count(0)
     assert requested and all(url.startswith(live_server.url) for url in requested), requested
+
+
+def test_tables_show_numbers_rounded_for_reading(live_server, chromium_path, operator, workspace):
+    evidence = {"decision": "admit", "reason": "admitted", "queueDelayMs": 72.217, "active": 1}
+    attempt = {
+        "decisionId": "check-1",
+        "adapterId": "fake",
+        "number": 1,
+        "sent": True,
+        "outcome": "succeeded",
+        "reason": "answered",
+        "evidence": evidence,
+    }
+    run = EvaluationRun.objects.create(
+        workspace=workspace,
+        submitted_by=operator,
+        principal_id="olive",
+        invocation_id="inv-rounded",
+        document=example_request(1),
+        status="completed",
+        started_at=timezone.now(),
+        finished_at=timezone.now(),
+        result={"decisions": [{"decisionId": "check-1", "status": "succeeded"}]},
+        attempts=[attempt],
+    )
+    with signed_in(chromium_path, live_server.url) as page:
+        page.goto(f"/admin/evaluator/evaluationrun/{run.pk}/change/")
+        cells = page.locator(".field-attempts_table tbody tr td")
+        expect(cells.nth(6)).to_have_text("72.2")

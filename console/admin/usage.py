@@ -1,0 +1,132 @@
+"""Usage over time in the admin: `/admin/usage/`.
+
+For one workspace the signed-in user belongs to (any role; principal ids are shown only here,
+inside the workspace's own page), over a chosen time range: calls, actual tokens and cost,
+admitted, deferred and refused attempts and the queue delay, per hour as server-drawn SVG
+charts, and summed per provider and per principal. The figures are the hourly aggregates of
+`evaluator.services.usage`; the CSV export is the API's (`…/usage.csv`).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.http import urlencode
+
+from admission import access
+from console.charts.svg import Bar, Series, SvgMarkup, bar_chart, line_chart
+from evaluator import usage
+
+__all__ = ["usage_view"]
+
+CHART_WIDTH = 600
+TOP_PRINCIPALS = 50
+
+
+def _x(hour: datetime, end: datetime) -> float:
+    return (hour - end).total_seconds() / 3600.0
+
+
+def _charts(series: dict[str, Any], end: datetime) -> list[SvgMarkup]:
+    hours = series["hours"]
+
+    def line(name: str, label: str) -> Series:
+        return Series(label, [(_x(h["hour"], end), float(h[name])) for h in hours], step=True)
+
+    x_label = "hours before the end of the range"
+    charts = [
+        line_chart(
+            [line("calls", "calls sent"), line("admitted", "admitted"), line("refused", "refused")],
+            title="Calls and admission decisions per hour",
+            x_label=x_label,
+            y_label="per hour",
+            width=CHART_WIDTH,
+        ),
+        line_chart(
+            [line("tokens", "actual tokens")],
+            title="Actual tokens per hour",
+            x_label=x_label,
+            y_label="tokens",
+            width=CHART_WIDTH,
+        ),
+        line_chart(
+            [line("cost_usd", "actual cost")],
+            title="Actual cost per hour (USD)",
+            x_label=x_label,
+            y_label="USD",
+            width=CHART_WIDTH,
+        ),
+        line_chart(
+            [line("mean_queue_delay_ms", "mean queue delay")],
+            title="Mean queue delay of admitted calls per hour (ms)",
+            x_label=x_label,
+            y_label="ms",
+            width=CHART_WIDTH,
+        ),
+        bar_chart(
+            [Bar(reason, count) for reason, count in series["refused_by_reason"].items()],
+            title="Refused by reason",
+            value_label="refused attempts",
+            width=CHART_WIDTH,
+        ),
+    ]
+    return charts
+
+
+def usage_view(request: HttpRequest) -> HttpResponse:
+    """The page; the admin site's `admin_view` has checked that a staff user is signed in."""
+    started = time.perf_counter()
+    visible = list(access.workspaces_for(request.user, access.VIEW).order_by("key"))
+    chosen = request.GET.get("workspace", "") or (visible[0].key if visible else "")
+    workspace = next((w for w in visible if w.key == chosen), None)
+    context: dict[str, Any] = {
+        **admin.site.each_context(request),
+        "title": "Usage",
+        "workspaces": [w.key for w in visible],
+        "chosen": chosen,
+        "workspace": workspace,
+        "ranges": list(usage.RANGES),
+        "provider": request.GET.get("provider", ""),
+    }
+    try:
+        start, end, preset = usage.usage_range(
+            preset=request.GET.get("range", ""),
+            start=request.GET.get("start", ""),
+            end=request.GET.get("end", ""),
+        )
+    except usage.UsageRangeError as error:
+        start, end, preset = usage.usage_range()
+        context["range_error"] = f"{error.field}: {error}"
+    context.update(start=start, end=end, preset=preset)
+    if workspace is not None:
+        rows = usage.usage_hours(workspace, start, end, provider=context["provider"] or None)
+        providers = usage.usage_totals(usage.usage_hours(workspace, start, end), "provider_id")
+        if context["provider"]:
+            total = usage.usage_totals_summed(
+                [p for p in providers if p.key == context["provider"]]
+            )
+        else:
+            total = usage.usage_totals_summed(providers)
+        series = usage.usage_series(rows, start, end)
+        principals = usage.usage_totals(rows, "principal_id")
+        query = {"start": start.isoformat(), "end": end.isoformat()}
+        if context["provider"]:
+            query["provider"] = context["provider"]
+        context.update(
+            total=total,
+            providers=providers,
+            principals=principals[:TOP_PRINCIPALS],
+            more_principals=max(0, len(principals) - TOP_PRINCIPALS),
+            charts=_charts(series, end),
+            csv_url=reverse("workspace-usage-csv", kwargs={"workspace_key": workspace.key})
+            + "?"
+            + urlencode(query),
+        )
+    context["elapsed_ms"] = (time.perf_counter() - started) * 1000
+    return TemplateResponse(request, "admin/evaluator/usage.html", context)
