@@ -52,6 +52,7 @@ bench: install
 	$(BIN)/python benchmarks/request_bounds.py
 	$(BIN)/python benchmarks/durable_parallel.py
 	$(BIN)/python benchmarks/usage.py
+	$(BIN)/python benchmarks/outages.py
 
 evidence: install
 	$(BIN)/python -m evaluator.harness --manifest manifests/load-manifest.v2.json --target admission-controller --write-evidence

@@ -1,12 +1,19 @@
 """Deployment-wide admission through Redis against the in-process controller.
 
     python benchmarks/coordination.py [--redis redis://127.0.0.1:6379/8] [--seconds 5]
+    python benchmarks/coordination.py --anchors [--redis ...]   # against the anchors only
 
 Prints the latency one decision adds (acquire, one caller at a time, p50 and p99) through Redis
 against the in-process controller; then, with several callers per process, for one process and
 for four processes: admission decisions per second and acquire latency under that load;
 script calls (round trips) per acquire and per release, counted by the client and by Redis's own
 command statistics; and Redis memory per principal with a waiter, at 10 000 principals.
+
+`--anchors` measures, interleaved in one run on one Redis and the same client (redis-py's
+asyncio client): the round trip of a function that does nothing (FCALL), a hit of `limits`'
+sliding-window counter (its Redis strategy), and a whole Sluice decision (acquire, then
+release): acquire p50 with one caller, Redis time per hit or decision (INFO commandstats), and
+hits or decisions per second with 1 process x 8 callers and 4 processes x 8 callers.
 Asserts nothing.
 """
 
@@ -178,6 +185,157 @@ def memory_per_waiting_principal(url: str, principals: int) -> tuple[float, floa
     return asyncio.run(main())
 
 
+NOOP_LIBRARY = """#!lua name=sluice_bench_noop
+redis.register_function('sluice_bench_noop', function(keys, args) return 1 end)
+"""
+
+
+def command_usec(client: redis.Redis) -> dict[str, tuple[int, int]]:
+    """Calls and microseconds per command, as Redis counts them."""
+    stats = client.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): (int(v.get("calls", 0)), int(v.get("usec", 0)))
+        for name, v in stats.items()
+    }
+
+
+def redis_usec_between(before: dict, after: dict, names: tuple[str, ...]) -> int:
+    total = 0
+    for name in names:
+        total += after.get(name, (0, 0))[1] - before.get(name, (0, 0))[1]
+    return total
+
+
+async def noop_loop(url: str, seconds: float, callers: int) -> dict:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(url)
+    await client.function_load(NOOP_LIBRARY, replace=True)
+    latencies: list[float] = []
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def caller() -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            await client.fcall("sluice_bench_noop", 0)
+            latencies.append((time.perf_counter() - started) * 1e6)
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller() for _ in range(callers)))
+    elapsed = time.perf_counter() - started
+    await client.aclose()
+    return {"decisions": done, "seconds": elapsed, "latencies": latencies}
+
+
+async def limits_loop(url: str, seconds: float, callers: int) -> dict:
+    from limits import RateLimitItemPerMinute
+    from limits.aio.storage import RedisStorage
+    from limits.aio.strategies import SlidingWindowCounterRateLimiter
+
+    storage = RedisStorage(url.replace("redis://", "async+redis://", 1), implementation="redispy")
+    limiter = SlidingWindowCounterRateLimiter(storage)
+    item = RateLimitItemPerMinute(10**12)
+    latencies: list[float] = []
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def caller(index: int) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            await limiter.hit(item, "bench", f"p{index % 8}")
+            latencies.append((time.perf_counter() - started) * 1e6)
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(i) for i in range(callers)))
+    elapsed = time.perf_counter() - started
+    return {"decisions": done, "seconds": elapsed, "latencies": latencies}
+
+
+def anchor_process(
+    kind: str, url: str, prefix: str, seconds: float, callers: int, queue: Any
+) -> None:
+    if kind == "sluice":
+        queue.put(one_process(url, prefix, seconds, callers))
+    elif kind == "limits":
+        queue.put(asyncio.run(limits_loop(url, seconds, callers)))
+    else:
+        queue.put(asyncio.run(noop_loop(url, seconds, callers)))
+
+
+def run_kind(
+    kind: str, url: str, prefix: str, seconds: float, callers: int, processes: int
+) -> dict:
+    context = multiprocessing.get_context("spawn")
+    queue: Any = context.Queue()
+    workers = [
+        context.Process(target=anchor_process, args=(kind, url, prefix, seconds, callers, queue))
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    results = [queue.get(timeout=seconds * 10 + 60) for _ in workers]
+    for worker in workers:
+        worker.join()
+    return {
+        "decisions": sum(r["decisions"] for r in results),
+        "seconds": max(r["seconds"] for r in results),
+        "latencies": [v for r in results for v in r["latencies"]],
+    }
+
+
+# Commands whose Redis time a hit or a decision costs (the functions and the scripts).
+SCRIPT_COMMANDS = ("fcall", "evalsha", "eval", "fcall_ro", "evalsha_ro")
+
+
+def anchors(url: str, seconds: float, callers: int) -> None:
+    client = redis.Redis.from_url(url)
+    prefix = f"bench-{uuid.uuid4().hex[:8]}"
+    rows: dict[str, dict[str, float]] = {}
+    for kind in ("noop", "limits", "sluice"):
+        alone = run_kind(kind, url, prefix, seconds, 1, 1)
+        before = command_usec(client)
+        loaded = run_kind(kind, url, prefix, seconds, callers, 1)
+        after = command_usec(client)
+        spread = run_kind(kind, url, prefix, seconds, callers, 4)
+        usec = redis_usec_between(before, after, SCRIPT_COMMANDS)
+        rows[kind] = {
+            "p50": percentile(alone["latencies"], 0.5),
+            "redis_us": usec / max(1, loaded["decisions"]),
+            "one": loaded["decisions"] / loaded["seconds"],
+            "four": spread["decisions"] / spread["seconds"],
+        }
+    for key in client.scan_iter(f"{prefix}:*", count=5000):
+        client.delete(key)
+    for key in client.scan_iter("LIMITS*", count=5000):
+        client.delete(key)
+    print(
+        f"{'':<34}{'p50 µs (1 caller)':>18}{'Redis µs/op':>13}"
+        f"{f'ops/s 1x{callers}':>14}{f'ops/s 4x{callers}':>14}"
+    )
+    labels = {
+        "noop": "no-op FCALL",
+        "limits": "limits sliding-window counter hit",
+        "sluice": "Sluice decision (acquire+release)",
+    }
+    for kind, row in rows.items():
+        print(
+            f"{labels[kind]:<34}{row['p50']:>18,.0f}{row['redis_us']:>13,.1f}"
+            f"{row['one']:>14,.0f}{row['four']:>14,.0f}"
+        )
+    sluice, noop, anchor = rows["sluice"], rows["noop"], rows["limits"]
+    print(
+        f"ratios: acquire p50 / no-op FCALL {sluice['p50'] / noop['p50']:.2f}x; Redis time per "
+        f"decision / per limits hit {sluice['redis_us'] / anchor['redis_us']:.1f}x; decisions/s "
+        f"/ limits hits/s {sluice['one'] / anchor['one']:.2f}x (1x{callers}), "
+        f"{sluice['four'] / anchor['four']:.2f}x (4x{callers})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -186,9 +344,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--callers", type=int, default=8)
     parser.add_argument("--principals", type=int, default=10_000)
+    parser.add_argument("--anchors", action="store_true", help="only the anchors' comparison")
     args = parser.parse_args()
     client = redis.Redis.from_url(args.redis)
     print(f"Redis {client.info('server')['redis_version']} at {args.redis}; {os.cpu_count()} cores")
+    if args.anchors:
+        anchors(args.redis, args.seconds, args.callers)
+        return
 
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     alone_local = in_process(args.seconds, 1)

@@ -8,6 +8,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -114,8 +115,19 @@ class PrivateRedis:
             self.process = None
         wait_until(lambda: not answers(self.port), 30, "Redis to stop")
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open, nothing is answered."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Thaw a paused server (SIGCONT): it runs what it was sent meanwhile."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def destroy(self) -> None:
         if self.process is not None:
+            self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)

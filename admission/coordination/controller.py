@@ -28,6 +28,7 @@ from admission.coordination.protocol import (
     NO_FIGURES,
     RECOVERING,
     REJECT,
+    TAKEN,
     Acquire,
     CoordinationUnavailable,
     Decision,
@@ -41,12 +42,13 @@ from admission.coordination.protocol import (
     Pump,
     Release,
     State,
+    Take,
     Withdraw,
     Written,
 )
 from admission.coordination.protocol import QUEUED as QUEUED_STATUS
 from admission.coordination.settings import DEGRADED
-from admission.coordination.waiters import DONE, LEAVING, PENDING, QUEUED, Waiter
+from admission.coordination.waiters import DONE, LEAVING, PENDING, QUEUED, TAKING, Waiter
 from admission.core.errors import AdmissionRejected
 from admission.core.evidence import AdmissionEvidence, BreakerTransition, QueueSnapshot
 from admission.core.lease import ReleaseOutcome, give_back_checked
@@ -414,8 +416,10 @@ class CoordinatedController:
                 self._profile.profile_version,
             )
 
-    async def _decide(self, ticket: Ticket, waiter_id: str) -> Decision:
-        """One acquire script call, after making sure Redis holds this process's revision."""
+    async def _decide(self, ticket: Ticket, waiter_id: str, *, guarded: bool = True) -> Decision:
+        """One acquire call, after making sure Redis holds this process's revision. Guarded, a
+        call whose answer is lost is withdrawn once Redis answers; a waiter queued again repeats
+        its call with the same id instead (and withdraws it if it leaves)."""
         request = ticket.request
         if self._writes:
             # Releases this process started go on the wire first (one loop turn, no waiting for
@@ -428,6 +432,7 @@ class CoordinatedController:
             dwell = self._dwell_ms(request)
             result = await self._call_guarded(
                 waiter_id,
+                guarded,
                 Acquire(
                     self._profile.profile_version,
                     waiter_id,
@@ -468,7 +473,7 @@ class CoordinatedController:
                 ):
                     await self._install()
 
-    async def _call_guarded(self, waiter_id: str, acquire: Acquire) -> Decision:
+    async def _call_guarded(self, waiter_id: str, guarded: bool, acquire: Acquire) -> Decision:
         """A call that may admit or queue: if the caller is cancelled (or the call times out)
         while it is in flight, whatever it took is handed back once it lands."""
         call = asyncio.ensure_future(self._coordinator.call(self.workspace_id, acquire))
@@ -478,8 +483,10 @@ class CoordinatedController:
             call.add_done_callback(functools.partial(self._undo_after, waiter_id))
             raise
         except CoordinationUnavailable:
-            # It may have run before the connection failed: withdraw it once Redis answers.
-            self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
+            if guarded:
+                # It may have run, or may still run (a stalled Redis runs what it was sent
+                # when it resumes): withdraw it once Redis answers; a late copy takes nothing.
+                self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
             raise
 
     def _undo_after(self, waiter_id: str, call: asyncio.Future[Decision]) -> None:
@@ -490,16 +497,7 @@ class CoordinatedController:
             self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
 
     async def _withdraw_eventually(self, waiter_id: str, reason: str) -> None:
-        delay = self._coordinator.settings.heartbeat_ms / 1000.0
-        lease_ttl = self._coordinator.settings.lease_ttl_ms / 1000.0
-        waited = 0.0
-        while waited <= lease_ttl:
-            try:
-                await self._coordinator.call(self.workspace_id, Withdraw(waiter_id, reason))
-                return
-            except CoordinationUnavailable:
-                await asyncio.sleep(delay)
-                waited += delay
+        await self._coordinator.write(self.workspace_id, Withdraw(waiter_id, reason))
 
     async def _pause_for(self, ticket: Ticket, wait_ms: float) -> None:
         """Wait while the shared state recovers, but not past the request's deadline or signal."""
@@ -645,7 +643,7 @@ class CoordinatedController:
         except asyncio.CancelledError:
             if future.done() and not future.cancelled() and future.exception() is None:
                 future.result().release(success=None)
-            elif waiter.state == QUEUED:
+            elif waiter.state in (QUEUED, TAKING):
                 self._leave(waiter, "cancelled", notify=False)
             raise
 
@@ -689,6 +687,11 @@ class CoordinatedController:
     def _leave(self, waiter: Waiter, reason: str, *, notify: bool = True) -> None:
         """The waiter gives up (cancelled, deadline, dwell, revalidation): out of its lane in
         Redis, and its caller is refused with `reason`."""
+        if waiter.state == TAKING:
+            # Decided once the grant is taken (then handed back) or found lapsed.
+            if waiter.leaving is None:
+                waiter.leaving = (reason, notify)
+            return
         if waiter.state != QUEUED:
             return
         waiter.state = LEAVING
@@ -714,19 +717,48 @@ class CoordinatedController:
             waiter.early = message  # handled once the acquire call's answer is read
             return
         if waiter.state != QUEUED:
-            return  # it is leaving; the withdraw hands a late grant back
+            return  # taking it already, or leaving (the withdraw hands a late grant back)
+        if message.kind == GRANT:
+            # Used only once taken: a grant whose taking is late lapses back to the pool, and
+            # then the waiter waits again; it never runs on a permit the pool has back.
+            waiter.state = TAKING
+            self._coordinator.background(self._take(waiter, message.figures))
+            return
         self._finish(waiter)
         now = self._clock.monotonic_ms()
-        if message.kind == GRANT:
-            lease = self._lease(waiter.id, waiter.ticket, message.figures)
-            if waiter.future.done():
-                lease.release(success=None)
-            else:
-                waiter.future.set_result(lease)
-        elif not waiter.future.done():
+        if not waiter.future.done():
             reason = message.reason or "queue-timeout"
             refusal = self._rejection(waiter.ticket, reason, message.figures, now)
             waiter.future.set_exception(refusal)
+
+    def _granted(self, waiter: Waiter, figures: Figures) -> None:
+        self._finish(waiter)
+        lease = self._lease(waiter.id, waiter.ticket, figures)
+        if waiter.future.done():
+            lease.release(success=None)
+        else:
+            waiter.future.set_result(lease)
+
+    async def _take(self, waiter: Waiter, figures: Figures) -> None:
+        written = await self._coordinator.write(self.workspace_id, Take(waiter.id))
+        if written is None:
+            return  # the process is closing
+        taken = written.status == TAKEN
+        if waiter.leaving is not None:
+            reason, notify = waiter.leaving
+            self._finish(waiter)
+            if taken:
+                self._coordinator.background(self._withdraw_eventually(waiter.id, "cancelled"))
+            if notify and not waiter.future.done():
+                now = self._clock.monotonic_ms()
+                waiter.future.set_exception(self._rejection(waiter.ticket, reason, None, now))
+            return
+        if taken:
+            self._granted(waiter, figures)
+            return
+        logger.info("grant for waiter %s lapsed before it was taken; queueing again", waiter.id)
+        waiter.state = QUEUED
+        self.requeue(waiter)
 
     def requeue(self, waiter: Waiter) -> None:
         """Redis no longer queues this waiter (its state was lost): queue it again, with the
@@ -738,12 +770,19 @@ class CoordinatedController:
 
     async def _requeue(self, waiter: Waiter) -> None:
         delay = self._coordinator.settings.heartbeat_ms / 1000.0
+        tried = False
         try:
             while True:
                 if waiter.state != QUEUED:
+                    if tried:
+                        # An attempt may still land: withdraw it (a late copy takes nothing).
+                        self._coordinator.background(
+                            self._withdraw_eventually(waiter.id, "cancelled")
+                        )
                     return
+                tried = True
                 try:
-                    result = await self._decide(waiter.ticket, waiter.id)
+                    result = await self._decide(waiter.ticket, waiter.id, guarded=False)
                     break
                 except CoordinationUnavailable:
                     await asyncio.sleep(delay)  # until Redis answers or the waiter leaves
@@ -761,7 +800,10 @@ class CoordinatedController:
                 # It left while being queued again: hand back what the new queueing took.
                 self._coordinator.background(self._withdraw_eventually(waiter.id, "cancelled"))
             return
-        if result.status in (ADMIT, REJECT):
+        if result.status == ADMIT:
+            # Admitted by this very call (or a grant made meanwhile, which the call took).
+            self._granted(waiter, result.figures)
+        elif result.status == REJECT:
             self.on_message(waiter, Message.from_decision(waiter.id, result))
 
     # ------------------------------------------------------------------ writes
@@ -785,25 +827,13 @@ class CoordinatedController:
     async def _write(
         self, call: Release | Pause | ForgetBudget, lease: CoordinatedLease | None
     ) -> None:
-        """A write that must land: retried until Redis takes it or the state it was about is
-        gone (the lease lapses after its TTL anyway)."""
-        delay = self._coordinator.settings.heartbeat_ms / 1000.0
-        deadline = self._coordinator.settings.lease_ttl_ms / 1000.0
-        waited = 0.0
-        while True:
-            try:
-                result = await self._coordinator.call(self.workspace_id, call)
-            except CoordinationUnavailable:
-                if waited > deadline:
-                    logger.warning("gave up %s in Redis after %.0f s", call.entry, waited)
-                    return
-                await asyncio.sleep(delay)
-                waited += delay
-                continue
-            transitions = self._note_transitions(result.figures.transitions)
-            if lease is not None and transitions:
-                lease.evidence.breaker_transitions.extend(transitions)
+        """A write that must land, however long Redis is away (see `RedisCoordinator.write`)."""
+        result = await self._coordinator.write(self.workspace_id, call)
+        if result is None:
             return
+        transitions = self._note_transitions(result.figures.transitions)
+        if lease is not None and transitions:
+            lease.evidence.breaker_transitions.extend(transitions)
 
     async def _forget_budget(self, budget_id: str) -> None:
         await self._write(ForgetBudget(budget_id), None)

@@ -36,6 +36,7 @@ from admission.coordination.protocol import (
     Message,
     Reassert,
     State,
+    Withdraw,
 )
 from admission.coordination.scripts import function_name, is_missing_function, library_code
 from admission.coordination.settings import CoordinationSettings
@@ -230,6 +231,21 @@ class RedisCoordinator:
         raw = await self._call_raw(workspace_id, call)
         return call.parse(raw)
 
+    async def write(self, workspace_id: str, call: Call[R]) -> R | None:
+        """A call that must land (a release, a withdrawal, a grant taken or handed back):
+        retried every heartbeat interval until Redis answers, however long it is away, or the
+        coordinator closes (then None). Every function is safe to repeat. Never giving up is
+        what keeps the shared state free of permits nobody holds: a live process renews its
+        lease, so nothing else would ever free them."""
+        delay = self.settings.heartbeat_ms / 1000.0
+        while True:
+            try:
+                return await self.call(workspace_id, call)
+            except CoordinationUnavailable:
+                if self._closed:
+                    return None
+                await asyncio.sleep(delay)
+
     async def _call_raw(self, workspace_id: str, call: Call[Any]) -> dict[str, Any]:
         name = call.entry
         self._bind()
@@ -368,7 +384,8 @@ class RedisCoordinator:
 
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_ms / 1000.0
-        while True:
+        # A cancellation swallowed by a client timeout must not keep a closed loop alive.
+        while not self._closed:
             try:
                 await self._heartbeat()
             except CoordinationUnavailable as error:
@@ -419,9 +436,11 @@ class RedisCoordinator:
 
     async def _listen_loop(self) -> None:
         key = f"{self.settings.prefix}:g:{self.process_id}"
-        while True:
+        # A cancellation swallowed by a client timeout must not keep a closed loop alive.
+        while not self._closed:
             client = self._listen_client
-            assert client is not None
+            if client is None:
+                return
             try:
                 item = await client.blpop([key], timeout=LISTEN_BLOCK_SECONDS)
             except Exception as error:
@@ -432,9 +451,20 @@ class RedisCoordinator:
             if item is None:
                 continue
             try:
-                self.book.deliver(Message.decode(item[1]))
+                self._deliver(Message.decode(item[1]))
             except Exception:
                 logger.exception("admission grant could not be handled")
+
+    def _deliver(self, message: Message) -> None:
+        if self.book.deliver(message):
+            return
+        if message.kind == GRANT and not self.book.holds_lease(message.waiter_id):
+            # A grant for a waiter this process no longer has (it gave up, or its acquire's
+            # answer was lost): back to the pool at once, not after the grant lapses.
+            logger.info("grant for waiter %s that left; handing it back", message.waiter_id)
+            self.background(
+                self.write(message.workspace_id, Withdraw(message.waiter_id, "cancelled"))
+            )
 
     # ------------------------------------------------------------------- counts
 

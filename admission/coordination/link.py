@@ -33,6 +33,11 @@ class CoordinationLink(Protocol):
         """One function call, one round trip. Raises `CoordinationUnavailable`."""
         ...
 
+    async def write(self, workspace_id: str, call: Call[R]) -> R | None:
+        """A call that must land: retried until Redis answers it (None if the process closes
+        first). Every function is safe to repeat."""
+        ...
+
     def call_sync(self, workspace_id: str, call: Call[R]) -> R:
         """One function call from outside the event loop."""
         ...

@@ -16,6 +16,7 @@ from admission.core.evidence import BreakerTransition
 
 __all__ = [
     "ADMIT",
+    "GONE",
     "GRANT",
     "LOST",
     "NO_FIGURES",
@@ -25,6 +26,7 @@ __all__ = [
     "REFUSAL",
     "REJECT",
     "STALE",
+    "TAKEN",
     "Acquire",
     "Call",
     "CoordinationUnavailable",
@@ -45,6 +47,7 @@ __all__ = [
     "ReassertResult",
     "Release",
     "State",
+    "Take",
     "Withdraw",
     "Written",
 ]
@@ -54,6 +57,8 @@ R = TypeVar("R")
 # Statuses of a decision (`Decision.status`).
 ADMIT, REJECT, QUEUED = "admit", "reject", "queued"
 RECOVERING, NO_PROFILE, STALE = "recovering", "noprofile", "stale"
+# Statuses of a write (`Written.status`): a grant taken by its process, or nothing to act on.
+TAKEN, GONE = "taken", "gone"
 # Kinds of a message for a waiter (`Message.kind`).
 GRANT, REFUSAL, LOST = "grant", "refusal", "lost"
 _KINDS = {"g": GRANT, "r": REFUSAL, "lost": LOST}
@@ -195,16 +200,20 @@ class Message:
     workspace_id: str = ""
     reason: str | None = None
     figures: Figures = NO_FIGURES
+    # A grant: how long its process has to take it before it lapses back to the pool.
+    grant_ttl_ms: float | None = None
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Message:
         reason = raw.get("reason")
+        ttl = raw.get("ttl")
         return cls(
             _KINDS.get(str(raw.get("t")), LOST),
             str(raw.get("id")),
             str(raw.get("ws", "")),
             None if reason is None else str(reason),
             Figures.parse(raw),
+            None if ttl is None else float(ttl),
         )
 
     @classmethod
@@ -371,6 +380,21 @@ class Withdraw(Call[Written]):
 
     def pack(self) -> list[Any]:
         return [self.waiter_id, self.reason]
+
+    def parse(self, raw: dict[str, Any]) -> Written:
+        return Written.parse(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Take(Call[Written]):
+    """Take a grant made for one of this process's waiters (`taken`), or learn it lapsed
+    (`gone`); a grant is used only once taken."""
+
+    entry: ClassVar[str] = "take"
+    waiter_id: str
+
+    def pack(self) -> list[Any]:
+        return [self.waiter_id]
 
     def parse(self, raw: dict[str, Any]) -> Written:
         return Written.parse(raw)

@@ -24,6 +24,7 @@ ENTRIES = (
     "reassert",
     "release",
     "state",
+    "take",
     "withdraw",
 )
 

@@ -22,6 +22,7 @@ __all__ = [
     "LEAVING",
     "PENDING",
     "QUEUED",
+    "TAKING",
     "HeldLease",
     "ProcessBook",
     "Waiter",
@@ -29,8 +30,9 @@ __all__ = [
 ]
 
 # A waiter is pending until the acquire call's answer is read (a grant may arrive before it),
-# queued while Redis holds it in a lane, leaving while it withdraws, done once answered.
-PENDING, QUEUED, LEAVING, DONE = "pending", "queued", "leaving", "done"
+# queued while Redis holds it in a lane, taking while it takes a grant made for it, leaving
+# while it withdraws, done once answered.
+PENDING, QUEUED, TAKING, LEAVING, DONE = "pending", "queued", "taking", "leaving", "done"
 
 
 class WaiterOwner(Protocol):
@@ -69,6 +71,7 @@ class Waiter:
         "early",
         "future",
         "id",
+        "leaving",
         "owner",
         "queued_at",
         "requeueing",
@@ -95,6 +98,8 @@ class Waiter:
         self.unsubscribe: Any = None
         self.queued_at = math.inf
         self.requeueing = False
+        # Set when the waiter gives up while it takes a grant: (reason, tell the caller).
+        self.leaving: tuple[str, bool] | None = None
 
     def auditable(self, settled_before: float) -> bool:
         """Queued for a while and not being queued again: Redis should know it."""
@@ -155,6 +160,9 @@ class ProcessBook:
 
     def drop_lease(self, lease_id: str) -> None:
         self._leases.pop(lease_id, None)
+
+    def holds_lease(self, lease_id: str) -> bool:
+        return lease_id in self._leases
 
     def lease_ids(self) -> set[str]:
         return set(self._leases)

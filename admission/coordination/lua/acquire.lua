@@ -8,9 +8,16 @@ local w = {
   id = ARGV[10], pid = ARGV[11], prov = ARGV[12], bud = ARGV[13], proc = PROC,
   tok = tonumber(ARGV[14]), cost = tonumber(ARGV[15]), att = tonumber(ARGV[16]), arr = NOW,
 }
--- A call repeated after a lost connection must not take a second permit or place.
-if redis.call('HEXISTS', LEASES, w.id) == 1 then
-  local lease = cjson.decode(redis.call('HGET', LEASES, w.id))
+-- A call repeated after a lost connection must not take a second permit or place; a waiter
+-- queued again finds the grant made for it meanwhile, and takes it.
+local held = redis.call('HGET', LEASES, w.id)
+if held then
+  local lease = cjson.decode(held)
+  if lease.off ~= nil then
+    lease.off = nil
+    redis.call('HSET', LEASES, w.id, cjson.encode(lease))
+    redis.call('ZREM', OFFERS, w.id)
+  end
   local ev = evidence({pid = lease.pid, prov = lease.prov})
   ev.st = 'admit'
   ev.ep = epoch
@@ -21,6 +28,10 @@ if redis.call('HEXISTS', WAITERS, w.id) == 1 then
   ev.st = 'queued'
   ev.ep = epoch
   return reply(ev)
+end
+-- The caller withdrew this request already (its answer was lost): a late copy takes nothing.
+if redis.call('EXISTS', BASE .. 't:' .. w.id) == 1 then
+  return reply({st = 'reject', reason = 'cancelled', ep = epoch})
 end
 local rev = preload('W', 'P:' .. w.pid, 'V:' .. w.prov, 'rsv')
 if not rev then return reply({st = 'noprofile', ep = epoch}) end

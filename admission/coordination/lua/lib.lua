@@ -23,7 +23,9 @@
 --                                  pz (pause until) bs bf bg bo bp (breaker)
 --   P:{ws}:b:<budget>        hash  invocation budgets per scope and repeat counts
 --   P:{ws}:pr:<provider>     list  retry-pressure events (server ms), 60 s window
---   P:{ws}:L                 hash  lease id -> lease
+--   P:{ws}:L                 hash  lease id -> lease (`off`: a grant not yet taken, see take)
+--   P:{ws}:off               zset  lease id -> time its grant lapses if not taken (server ms)
+--   P:{ws}:t:<id>            string a withdrawn request id (a late acquire of it is refused)
 --   P:{ws}:W                 hash  waiter id -> waiter
 --   P:{ws}:q:<lane>          list  waiter ids of one (provider, principal) lane, oldest first
 --   P:{ws}:rot               zset  lane -> rotation position (least recently served first)
@@ -49,7 +51,10 @@ local function enc(s)
   return #s .. ':' .. s
 end
 
-local WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS
+local WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS, OFFERS
+-- A grant made for a waiting request must be taken by its process within this long (a share of
+-- the process lease TTL), or it goes back to the pool.
+local GRANT_TTL
 local LIM, SC, BUD, ALIVE, RESULT_TRANSITIONS
 
 local FIELDS = {'a', 'q', 'rl', 'rt', 'tl', 'tt', 'h', 'ht', 'pz', 'bs', 'bf', 'bg', 'bo', 'bp'}
@@ -101,6 +106,7 @@ local function use_ws(ws)
   WAITERS = BASE .. 'W'
   ROT = BASE .. 'rot'
   TRANS = BASE .. 'bt'
+  OFFERS = BASE .. 'off'
   LIM, SC, BUD = {}, {}, {}
 end
 
@@ -115,6 +121,7 @@ local function begin(args)
   KNOWN_EPOCH = args[6]
   GRACE = tonumber(args[7])
   BUDGET_TTL = tonumber(args[8])
+  GRANT_TTL = PROC_TTL / 2
   local t = redis.call('TIME')
   NOW = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
   EPOCH_KEY = PFX .. ':epoch'
@@ -122,6 +129,7 @@ local function begin(args)
   WAKES = PFX .. ':wk'
   REGISTERED = false
   WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil, nil
+  OFFERS = nil
   LIM, SC, BUD = nil, nil, nil
   ALIVE = {}
   RESULT_TRANSITIONS = {}
@@ -478,7 +486,7 @@ local function release_holds(w)
   w.hold = nil
 end
 
-local function admit(w, lp, lw, lv)
+local function admit(w, lp, lw, lv, offered)
   local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
   local sx = scope(key_x(w.prov, w.pid))
   sp.a = sp.a + 1
@@ -520,6 +528,11 @@ local function admit(w, lp, lw, lv)
     gen = sv.bg or 0, probe = probe, at = NOW,
   }
   if keeps_budget(lp) or keeps_budget(lw) or keeps_budget(lv) then lease.bk = 1 end
+  if offered then
+    -- Granted to a waiter: its process takes it (take) or it lapses back to the pool.
+    lease.off = NOW + GRANT_TTL
+    redis.call('ZADD', OFFERS, string.format('%.17g', lease.off), w.id)
+  end
   redis.call('HSET', LEASES, w.id, cjson.encode(lease))
   if w.proc ~= PROC or not REGISTERED then
     redis.call('SADD', PFX .. ':pw:' .. w.proc, WS)
@@ -555,6 +568,7 @@ end
 -- Give back what a lease holds. `success` is true, false or nil (no outcome).
 local function free_lease(id, lease, success, retry_after, actual_tokens, actual_cost)
   redis.call('HDEL', LEASES, id)
+  if lease.off ~= nil then redis.call('ZREM', OFFERS, id) end
   local sp, sw, sv = scope(key_p(lease.pid)), scope(key_w()), scope(key_v(lease.prov))
   local sx = scope(key_x(lease.prov, lease.pid))
   for _, s in ipairs({sp, sw, sv, sx}) do
@@ -628,14 +642,30 @@ local function rotation_now()
   return tonumber(redis.call('HGET', META, 'rr') or '0')
 end
 
+-- Grants not taken in time go back to the pool (their process lost the message, or no longer
+-- has the waiter). Returns when the next pending grant lapses, or nil.
+local function lapse_grants()
+  local first = redis.call('ZRANGE', OFFERS, 0, 0, 'WITHSCORES')
+  if #first == 0 then return nil end
+  if tonumber(first[2]) > NOW then return tonumber(first[2]) end
+  local due = redis.call('ZRANGEBYSCORE', OFFERS, '-inf', string.format('%.17g', NOW), 'LIMIT', 0, 256)
+  for _, id in ipairs(due) do
+    local raw = redis.call('HGET', LEASES, id)
+    if raw then
+      local lease = cjson.decode(raw)
+      if lease.off ~= nil then free_lease(id, lease, nil, nil, nil, nil) end
+    end
+    redis.call('ZREM', OFFERS, id)
+  end
+  first = redis.call('ZRANGE', OFFERS, 0, 0, 'WITHSCORES')
+  if #first == 0 then return nil end
+  return tonumber(first[2])
+end
+
 -- Serve lanes least recently served first, head only, until a whole pass admits nobody.
 -- A lane that is served goes to the back; nothing is admitted while the workspace is full.
-local function pump()
+local function serve()
   local lw = limits('W')
-  if not lw then return nil end
-  -- Nobody waits in this workspace: nothing to serve (a stale wake entry is cleared by the
-  -- next heartbeat that finds it due).
-  if scope(key_w()).q == 0 then return nil end
   local wake = nil
   local progressed = true
   while progressed do
@@ -675,9 +705,10 @@ local function pump()
               local verdict, reason, at, hold = dispatch_check(w, lp, lw, lv)
               if verdict == 'admit' then
                 dequeue(w)
-                local ev = admit(w, lp, lw, lv)
+                local ev = admit(w, lp, lw, lv, true)
                 ev.t = 'g'
                 ev.id = wid
+                ev.ttl = GRANT_TTL
                 count(prov, 'admit', 'admitted')
                 count_delay(prov, NOW - (w.arr or NOW))
                 ev.ws = WS
@@ -710,6 +741,18 @@ local function pump()
         end
       end
     end
+  end
+  return wake
+end
+
+-- Lapsed grants back to the pool, then the lanes served. Returns the next time-based wake (a
+-- bucket refills, a pause ends, a grant lapses), or nil; the heartbeat pumps due workspaces.
+local function pump()
+  if not limits('W') then return nil end
+  local wake = lapse_grants()
+  if scope(key_w()).q > 0 then
+    local at = serve()
+    if at ~= nil and (wake == nil or at < wake) then wake = at end
   end
   if wake ~= nil then
     redis.call('ZADD', WAKES, string.format('%.17g', wake), WS)

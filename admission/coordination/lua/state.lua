@@ -23,6 +23,7 @@ end
 out.principals = principals
 out.leases = redis.call('HLEN', LEASES)
 out.waiters = redis.call('HLEN', WAITERS)
+out.offers = redis.call('ZCARD', OFFERS)
 out.lanes = redis.call('ZCARD', ROT)
 out.transitions = redis.call('LRANGE', TRANS, 0, -1)
 if ARGV[9] ~= '' then

@@ -3,6 +3,8 @@
 local done, epoch = open_ws(false)
 if done then return done end
 local id = ARGV[9]
+-- A copy of the request's acquire still on its way (sent before a lost answer) takes nothing.
+redis.call('SET', BASE .. 't:' .. id, '1', 'PX', PROC_TTL)
 local w = waiter(id)
 if w ~= nil then
   dequeue(w)

@@ -5,7 +5,9 @@ admission and sends each admitted one to an HTTP provider, writing one JSON line
 
 CONFIG holds: url, prefix, settings (CoordinationSettings overrides), profile (document),
 workspace, sequence, principal, provider, base_url, concurrency, count, seconds, out,
-deadline_ms (per request, optional), ready (a file written once the first decision is made).
+deadline_ms (per request, optional), ready (a file written once the first decision is made),
+complete (optional: stop once this many calls have completed at the provider, whatever was
+refused meanwhile; `count` then bounds the attempts).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ async def main(config: dict[str, Any]) -> None:
     out_path = Path(config["out"])
     deadline = time.monotonic() + config["seconds"]
     remaining = config["count"]
+    complete = config.get("complete")
+    completed = 0
     ready = Path(config["ready"]) if config.get("ready") else None
     client = httpx.AsyncClient(base_url=config["base_url"], timeout=30)
 
@@ -61,6 +65,7 @@ async def main(config: dict[str, Any]) -> None:
             ready.write_text("ready")
 
     async def one_call() -> None:
+        nonlocal completed
         signal = CancelSignal()
         wait = config.get("deadline_ms")
         item = AdmissionRequest(
@@ -87,6 +92,7 @@ async def main(config: dict[str, Any]) -> None:
         if call in done:
             fired.cancel()
             lease.release(success=call.exception() is None)
+            completed += call.exception() is None
             record({"decision": "done"})
         else:
             call.cancel()
@@ -96,6 +102,8 @@ async def main(config: dict[str, Any]) -> None:
     async def loop() -> None:
         nonlocal remaining
         while remaining > 0 and time.monotonic() < deadline:
+            if complete is not None and completed >= complete:
+                break
             remaining -= 1
             await one_call()
 
