@@ -10,9 +10,10 @@ is coordinated in Redis (`SLUICE_ADMISSION_REDIS_URL`).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -21,6 +22,7 @@ from django.db import connections, transaction
 from admission.coordination import CoordinationSettings, RedisCoordinator
 from admission.core import AdmissionRegistry, Profile
 from admission.models import ProfileChangeRecord, ProfileVersion
+from admission.runtime.canary import CanaryRegistry
 
 if TYPE_CHECKING:
     from admission.core import ProfileChangeRecord as CoreChangeRecord
@@ -134,6 +136,7 @@ def reset_registry(factory: Callable[[], AdmissionRegistry] | None = None) -> No
         _registry = None
         _applied.clear()
         _canaries.clear()
+        _retired.clear()
         if factory is not None:
             _registry_factory = factory
 
@@ -200,8 +203,9 @@ def register_activation(version: ProfileVersion) -> CoreChangeRecord | None:
 
 def registry_for_run(plan: RunPlan) -> AdmissionRegistry:
     """Bring this process's shadow of the plan's workspace in line with `plan` and return the
-    registry the run admits through: a canary run's own registry (the canary version's limits,
-    counted in this process), else the process registry.
+    registry the run admits through: for a canary run, one whose controllers admit under the
+    canary version's limits and also take the active version's shared pools
+    (`admission.runtime.canary`), else the process registry.
 
     Call with the evaluation loop frozen: shadows and registries belong to that loop.
     """
@@ -217,14 +221,49 @@ def registry_for_run(plan: RunPlan) -> AdmissionRegistry:
             registry.start_shadow(profile_from_version(wanted.version), session=wanted.pk)
         canary = plan.canary
         if canary is None or canary.version is None:
-            _canaries.pop(key, None)
+            _retire_canary(_canaries.pop(key, None))
             return registry
         cached = _canaries.get(key)
         if cached is None or cached[0] != canary.pk:
-            own = AdmissionRegistry(clock=registry.clock)
-            own.register(profile_from_version(canary.version))
+            _retire_canary(cached)
+            own = _canary_registry(canary.pk, registry)
+            # Every process registers the canary's profile at the same position: its start row.
+            own.register(profile_from_version(canary.version), sequence=canary.pk)
             cached = _canaries[key] = (canary.pk, own)
-        return cached[1] if plan.on_canary else registry
+        if not plan.on_canary:
+            return registry
+        return cast(AdmissionRegistry, CanaryRegistry(cached[1], registry))
+
+
+# Canary registries replaced in this process, kept open for their runs still in flight; the
+# oldest are closed beyond this many.
+_RETIRED_KEPT = 4
+_retired: list[AdmissionRegistry] = []
+
+
+def _canary_registry(canary_pk: int, registry: AdmissionRegistry) -> AdmissionRegistry:
+    """The canary version's own registry on the process registry's clock: coordinated in Redis
+    under a key space of this canary's own when the deployment shares admission, so its limits
+    hold for every process together without touching the active version's counters."""
+    coordination = coordination_settings()
+    if coordination is None:
+        return AdmissionRegistry(clock=registry.clock)
+    own = dataclasses.replace(coordination, prefix=f"{coordination.prefix}:canary:{canary_pk}")
+    coordinator = RedisCoordinator(own)
+    canary = AdmissionRegistry(clock=registry.clock, controller_factory=coordinator.controller)
+    canary._sluice_coordinator = coordinator  # type: ignore[attr-defined]
+    return canary
+
+
+def _retire_canary(cached: tuple[int, AdmissionRegistry] | None) -> None:
+    if cached is None:
+        return
+    _retired.append(cached[1])
+    while len(_retired) > _RETIRED_KEPT:
+        coordinator = getattr(_retired.pop(0), "_sluice_coordinator", None)
+        loop = getattr(coordinator, "_loop", None)
+        if coordinator is not None and loop is not None and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(coordinator.aclose(), loop)
 
 
 def mark_applied(workspace_key: str, change_record_id: int) -> None:

@@ -69,15 +69,14 @@ class LoopbackServer:
             def do_POST(self) -> None:
                 length = int(self.headers.get("content-length", "0"))
                 body = json.loads(self.rfile.read(length) or b"null")
+                entry = {
+                    "path": self.path,
+                    "headers": dict(self.headers),
+                    "body": body,
+                    "at": time.monotonic(),
+                }
                 with server._lock:
-                    server.requests.append(
-                        {
-                            "path": self.path,
-                            "headers": dict(self.headers),
-                            "body": body,
-                            "at": time.monotonic(),
-                        }
-                    )
+                    server.requests.append(entry)
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                     reply = server.replies.popleft() if server.replies else server.default
@@ -98,6 +97,7 @@ class LoopbackServer:
                 finally:
                     with server._lock:
                         server.in_flight -= 1
+                        entry["ended"] = time.monotonic()
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True

@@ -20,7 +20,7 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedis
-from tests.service.conftest import Deployment, wait_for
+from tests.service.conftest import Deployment, admission_redis_env, wait_for
 
 pytestmark = pytest.mark.celery
 
@@ -79,6 +79,7 @@ def _start(
         # Heartbeats are written by the dispatcher's poll: the worker notices a lost run soon.
         "SLUICE_RUN_HEARTBEAT_SECONDS": "0.5",
         "SLUICE_DISPATCH_POLL_SECONDS": "0.5",
+        **admission_redis_env(deployment),
         **(extra or {}),
     }
     deployment.django(ACTIVATE_ONE_AT_A_TIME)
