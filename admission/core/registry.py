@@ -18,13 +18,13 @@ from admission.core.controller import AdmissionController
 from admission.core.errors import ProfileConflictError
 from admission.core.evidence import ProfileChangeRecord
 from admission.core.hosting import HostedController
+from admission.core.shadow import ShadowAdmission
 
 if TYPE_CHECKING:
     from admission.core.clock import Clock
     from admission.core.evidence import AdmissionEvidence, BreakerTransition
     from admission.core.limits import Profile
     from admission.core.request import AdmissionRequest
-    from admission.core.shadow import ShadowAdmission
 
 logger = logging.getLogger(__name__)
 
@@ -160,9 +160,9 @@ class AdmissionRegistry:
     def start_shadow(self, profile: Profile, *, session: Any = None) -> ShadowAdmission:
         """Decide every later request of `profile`'s workspace again, in dry run, under
         `profile` (`admission.core.shadow`); a running shadow of the workspace is stopped."""
-        from admission.core.shadow import ShadowAdmission
-
-        shadow = ShadowAdmission(profile, clock=self.clock, session=session)
+        shadow = ShadowAdmission(
+            profile, clock=self.clock, host=AdmissionRegistry(clock=self.clock), session=session
+        )
         previous = self._shadows.get(profile.workspace_id)
         if previous is not None:
             previous.stop()

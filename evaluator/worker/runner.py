@@ -52,7 +52,7 @@ from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.services import runs as services
 from evaluator.services.load_runs import load_run_execute_claimed
-from evaluator.worker import dispatch, load_dispatch
+from evaluator.worker import dispatch, execute, load_dispatch
 from evaluator.worker.loop import evaluation_loop
 from evaluator.worker.receipts_db import DatabaseReceiptStore, in_database_thread
 
@@ -175,7 +175,8 @@ class Runner:
         with self._lock:
             return len(self._held) - self._waiting
 
-    def _admission_wait(self, change: int) -> None:
+    def admission_wait(self, change: int) -> None:
+        """One more (+1) or one fewer (-1) of this runner's runs waits for admission."""
         with self._lock:
             was_full = len(self._held) - self._waiting >= self.slots
             self._waiting += change
@@ -362,8 +363,8 @@ class Runner:
     def _start(self, run: EvaluationRun) -> None:
         assert run.claim is not None
         try:
-            start = services.evaluation_run_prepare(run)
-        except services.RunNotStartable as refused:
+            start = execute.evaluation_run_prepare(run)
+        except execute.RunNotStartable as refused:
             services.run_fail(
                 run, refused.error_type, refused.detail, field=refused.field, claim=run.claim
             )
@@ -381,7 +382,7 @@ class Runner:
             previous.future.cancel()
         self.counters.claimed += 1
         future = asyncio.run_coroutine_threadsafe(
-            self._execute(run, held, start, _SlotFreeingRegistry(self, registry)), self.loop.loop
+            self._execute(run, held, start, SlotFreeingRegistry(self, registry)), self.loop.loop
         )
         held.future = future
         future.add_done_callback(lambda _: self._ended(run.pk, held))
@@ -400,8 +401,8 @@ class Runner:
         self,
         run: EvaluationRun,
         held: _Held,
-        start: services.RunStart,
-        registry: _SlotFreeingRegistry,
+        start: execute.RunStart,
+        registry: SlotFreeingRegistry,
     ) -> None:
         token = held.token
 
@@ -409,7 +410,7 @@ class Runner:
             return lambda: services.run_fail(run, error_type, detail, field=field, claim=token)
 
         try:
-            outcome = await services.evaluate(
+            outcome = await execute.evaluate(
                 start.request,
                 cast(AdmissionRegistry, registry),
                 start.adapters,
@@ -430,7 +431,7 @@ class Runner:
             await self._retrying(held, fail("internal-error", detail))
         else:
             await self._retrying(
-                held, lambda: services.run_complete(run, outcome, start=start, claim=token)
+                held, lambda: execute.run_complete(run, outcome, start=start, claim=token)
             )
 
     async def _retrying(self, held: _Held, action: Callable[[], Any]) -> Any:
@@ -457,11 +458,11 @@ async def _hold_left_seconds() -> float:
     return 0.0 if end is None else max(0.0, end - loop.time())
 
 
-class _SlotFreeingController:
+class SlotFreeingController:
     """A workspace's controller as one run sees it, counting that run's attempts waiting in
     `acquire` and holding a lease."""
 
-    def __init__(self, controller: Any, run: _SlotFreeingRegistry) -> None:
+    def __init__(self, controller: Any, run: SlotFreeingRegistry) -> None:
         self._controller = controller
         self._run = run
 
@@ -482,9 +483,9 @@ class _SlotFreeingController:
 class _CountedLease:
     """A lease whose release tells its run that one attempt no longer holds a permit."""
 
-    def __init__(self, lease: Any, run: _SlotFreeingRegistry) -> None:
+    def __init__(self, lease: Any, run: SlotFreeingRegistry) -> None:
         self._lease = lease
-        self._run: _SlotFreeingRegistry | None = run
+        self._run: SlotFreeingRegistry | None = run
 
     def release(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -498,7 +499,7 @@ class _CountedLease:
         return getattr(self._lease, name)
 
 
-class _SlotFreeingRegistry:
+class SlotFreeingRegistry:
     """A run's registry as its evaluation sees it: its controllers free the run's slot while
     the run waits for admission, that is while some of its attempts wait and none holds a
     permit (a run with calls in flight keeps its slot, however many more of its attempts
@@ -513,7 +514,7 @@ class _SlotFreeingRegistry:
 
     def controller(self, workspace_id: str) -> Any:
         found = self._registry.controller(workspace_id)
-        return None if found is None else _SlotFreeingController(found, self)
+        return None if found is None else SlotFreeingController(found, self)
 
     def attempts_changed(self, *, waiting: int = 0, holding: int = 0) -> None:
         was = self._waiting > 0 and self._holding == 0
@@ -521,7 +522,7 @@ class _SlotFreeingRegistry:
         self._holding += holding
         now = self._waiting > 0 and self._holding == 0
         if now != was:
-            self._runner._admission_wait(+1 if now else -1)
+            self._runner.admission_wait(+1 if now else -1)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._registry, name)
