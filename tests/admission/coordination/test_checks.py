@@ -243,10 +243,16 @@ def test_token_holder_is_not_starved_by_small_requests(deployment: Deployment) -
         small = asyncio.ensure_future(
             procs[2].controller().acquire(request("bob", tokens=10, budget="c"))
         )
+        order: list[str] = []
+        large.add_done_callback(lambda _: order.append("large"))
+        small.add_done_callback(lambda _: order.append("small"))
         lease = await asyncio.wait_for(large, 5)
-        assert not small.done() or small.result().evidence.queue_delay_ms > 0
+        admitted = await asyncio.wait_for(small, 5)
+        # The holder is admitted first; the small request waited behind it.
+        assert order == ["large", "small"]
+        assert admitted.evidence.queue_delay_ms > 0
         lease.release(success=True)
-        (await asyncio.wait_for(small, 5)).release(success=True)
+        admitted.release(success=True)
 
     run(deployment, scenario)
 
