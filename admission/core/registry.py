@@ -157,12 +157,18 @@ class AdmissionRegistry:
         ledger = self._ledgers.get(workspace_id)
         return list(ledger.history) if ledger is not None else []
 
-    def start_shadow(self, profile: Profile, *, session: Any = None) -> ShadowAdmission:
+    def start_shadow(
+        self, profile: Profile, *, session: Any = None, registry: AdmissionRegistry | None = None
+    ) -> ShadowAdmission:
         """Decide every later request of `profile`'s workspace again, in dry run, under
-        `profile` (`admission.core.shadow`); a running shadow of the workspace is stopped."""
+        `profile` (`admission.core.shadow`); a running shadow of the workspace is stopped.
+
+        `registry` is where the shadow's controller lives (a registry of its own on this one's
+        clock by default); a host that shares admission between processes passes one whose
+        controllers share the shadow's state between them, apart from the real state."""
         from admission.core.shadow import ShadowAdmission
 
-        shadow = ShadowAdmission(profile, clock=self.clock, session=session)
+        shadow = ShadowAdmission(profile, clock=self.clock, session=session, registry=registry)
         previous = self._shadows.get(profile.workspace_id)
         if previous is not None:
             previous.stop()

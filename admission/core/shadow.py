@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from admission.core.controller import AdmissionController, Lease
     from admission.core.evidence import AdmissionEvidence
     from admission.core.limits import Profile
+    from admission.core.registry import AdmissionRegistry
 
 __all__ = ["ShadowAdmission", "ShadowCall", "Tally", "merge_tallies"]
 
@@ -106,6 +107,8 @@ class Tally:
         }
 
 
+# Runs remembered as drained, so their late counts go to the next drain.
+_DRAINED_KEPT = 4096
 _SUMMED = ("requests", "retries", "admitted", "deferred", "retryableRejected", "wouldRetry")
 _MAXED = ("maxQueued", "maxRetryPressure")
 
@@ -134,7 +137,14 @@ def merge_tallies(tallies: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 class ShadowAdmission:
     """A workspace's shadow: its profile, its own controller and both sides' tallies."""
 
-    def __init__(self, profile: Profile, *, clock: Clock, session: Any = None) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        clock: Clock,
+        session: Any = None,
+        registry: AdmissionRegistry | None = None,
+    ) -> None:
         # The registry module creates shadows; importing it at call time keeps the two apart.
         from admission.core.registry import AdmissionRegistry
 
@@ -143,11 +153,16 @@ class ShadowAdmission:
         # The host's name for this shadow (its audit row), carried for the host's records.
         self.session = session
         self.clock = clock
-        self._registry = AdmissionRegistry(clock=clock)
+        # Its own registry, never the real one: the host may give one that shares the shadow's
+        # state with other processes (deployment-wide admission), under a key space of its own.
+        self._registry = registry if registry is not None else AdmissionRegistry(clock=clock)
         controller = self._registry.register(profile)
         self.controller: AdmissionController = controller
-        self.active = Tally()
-        self.shadow = Tally()
+        # Both sides' tallies per run (the budget id's part before its last "/", the
+        # invocation), and what was counted for runs already drained (kept for the next drain).
+        self._runs: dict[str, tuple[Tally, Tally]] = {}
+        self._drained: dict[str, None] = {}
+        self._late = (Tally(), Tally())
         self.calls: set[ShadowCall] = set()
         self.stopped = False
         # Invocations that ended while some of their shadow requests were still pending.
@@ -161,10 +176,31 @@ class ShadowAdmission:
         self.calls.add(call)
         return call
 
-    def drain(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Both sides' tallies since the previous drain, as dicts; the counting starts again."""
-        active, shadow = self.active.to_dict(), self.shadow.to_dict()
-        self.active, self.shadow = Tally(), Tally()
+    def tallies(self, budget_id: str) -> tuple[Tally, Tally]:
+        """The (active, shadow) tallies a request of invocation budget `budget_id` counts in."""
+        run = budget_id.rsplit("/", 1)[0]
+        if run in self._drained:
+            # Its run was drained already: counted with the next drain, never lost.
+            return self._late
+        found = self._runs.get(run)
+        if found is None:
+            found = self._runs[run] = (Tally(), Tally())
+        return found
+
+    def drain(self, run: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Both sides' tallies as dicts: of one run (its invocation id), or with `run` None of
+        every run since the previous drain; what ended up counted for runs drained before
+        comes along. The counting of those runs starts again."""
+        keys = list(self._runs) if run is None else [run] if run in self._runs else []
+        picked = [self._runs.pop(key) for key in keys]
+        if run is not None:
+            self._drained[run] = None
+            while len(self._drained) > _DRAINED_KEPT:
+                del self._drained[next(iter(self._drained))]
+        picked.append(self._late)
+        self._late = (Tally(), Tally())
+        active = merge_tallies(side[0].to_dict() for side in picked)
+        shadow = merge_tallies(side[1].to_dict() for side in picked)
         return active, shadow
 
     def stop(self) -> None:
@@ -214,6 +250,7 @@ class ShadowCall:
     """One real request and its shadow copy, from the real request's arrival until both ended."""
 
     __slots__ = (
+        "_active",
         "_held_ms",
         "_lease",
         "_outcome",
@@ -223,6 +260,7 @@ class ShadowCall:
         "_retry",
         "_shadow",
         "_shadow_admit_ms",
+        "_shadow_tally",
         "_task",
         "_timer",
         "budget_id",
@@ -232,6 +270,7 @@ class ShadowCall:
         self._owner = owner
         self._retry = retry
         self.budget_id = request.budget_id
+        self._active, self._shadow_tally = owner.tallies(request.budget_id)
         # The copy carries the real request's deadline but not its signal: the real attempt's
         # signal is disposed when it ends, while the copy may still wait.
         copy = AdmissionRequest(
@@ -258,12 +297,12 @@ class ShadowCall:
     def admitted(self, lease: Lease) -> None:
         self._real = "admitted"
         self._real_admit_ms = self._owner.clock.monotonic_ms()
-        self._owner.active.count_admission(lease.evidence, retry=self._retry)
+        self._active.count_admission(lease.evidence, retry=self._retry)
         self._settle_counts()
 
     def rejected(self, rejection: AdmissionRejected) -> None:
         self._real = "rejected"
-        self._owner.active.count_rejection(rejection, retry=self._retry)
+        self._active.count_rejection(rejection, retry=self._retry)
         self._held_ms = 0.0
         self._settle_counts()
         self._release_shadow()
@@ -282,7 +321,7 @@ class ShadowCall:
         actual_cost_usd: float | None = None,
         retry_after_ms: float | None = None,
     ) -> None:
-        self._owner.active.count_transitions(lease.evidence)
+        self._active.count_transitions(lease.evidence)
         start = self._real_admit_ms
         now = self._owner.clock.monotonic_ms()
         self._held_ms = max(0.0, now - start) if start is not None else 0.0
@@ -319,7 +358,7 @@ class ShadowCall:
             lease = await owner.controller.acquire(copy)
         except AdmissionRejected as rejection:
             self._shadow = "rejected"
-            owner.shadow.count_rejection(rejection, retry=self._retry)
+            self._shadow_tally.count_rejection(rejection, retry=self._retry)
             if rejection.retryable:
                 self._shadow = "rejected-retryable"
             self._settle_counts()
@@ -336,7 +375,7 @@ class ShadowCall:
         self._shadow = "admitted"
         self._lease = lease
         self._shadow_admit_ms = owner.clock.monotonic_ms()
-        owner.shadow.count_admission(lease.evidence, retry=self._retry)
+        self._shadow_tally.count_admission(lease.evidence, retry=self._retry)
         self._settle_counts()
         if owner.stopped:
             self._held_ms = 0.0
@@ -344,7 +383,7 @@ class ShadowCall:
 
     def _settle_counts(self) -> None:
         if self._real == "admitted" and self._shadow == "rejected-retryable":
-            self._owner.shadow.would_retry += 1
+            self._shadow_tally.would_retry += 1
             self._shadow = "rejected"
 
     def _release_shadow(self) -> None:
@@ -371,7 +410,7 @@ class ShadowCall:
                 actual_tokens=tokens,
                 actual_cost_usd=cost,
             )
-        self._owner.shadow.count_transitions(lease.evidence)
+        self._shadow_tally.count_transitions(lease.evidence)
         self._done()
 
     def _done(self) -> None:
