@@ -70,9 +70,13 @@ def _stop_listener(**_: Any) -> None:
 def _start_runner(**_: Any) -> None:
     # The worker's own process claims and runs evaluations (evaluator/worker/runner.py); the thread
     # pool only carries doorbells into it.
+    from config.telemetry import evaluator_telemetry
+    from evaluator.worker import execute
     from evaluator.worker.dispatch import WorkerRefused
     from evaluator.worker.runner import start_runner
 
+    # Evaluations record into this process's telemetry providers (none when export is off).
+    execute.use_telemetry(evaluator_telemetry)
     try:
         start_runner()
     except WorkerRefused as refused:

@@ -3,8 +3,8 @@
 Two paths, so a worker never admits under a profile the ledger has moved past:
 
 - a listener thread: on PostgreSQL it LISTENs on the channel that activation notifies at commit
-  (`admission.services.profiles.NOTIFY_CHANNEL`, payload = workspace key) and replays that
-  workspace's new ledger rows at once; on any other database it polls;
+  (`NOTIFY_CHANNEL`, payload = workspace key) and replays that workspace's new ledger rows at
+  once; on any other database it polls;
 - `catch_up()`, the safety net: one query comparing each workspace's latest ledger row with the
   registry's current revision, run at every task start and every poll interval, so a missed
   notification (listener down, connection lost) costs at most one interval.
@@ -29,9 +29,9 @@ from django.db.models import OuterRef, Subquery
 
 from admission.models import ProfileChangeRecord, Workspace
 from admission.runtime import registry as runtime
-from admission.services.profiles import NOTIFY_CHANNEL
 
 __all__ = [
+    "NOTIFY_CHANNEL",
     "ProfileListener",
     "catch_up",
     "listener",
@@ -40,6 +40,10 @@ __all__ = [
     "start_listener",
     "stop_listener",
 ]
+
+# The channel activation notifies at commit (`admission.services.profiles`), payload the
+# workspace key.
+NOTIFY_CHANNEL = "sluice_profiles"
 
 logger = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from admission.runtime.canary import CanaryRegistry
 
 if TYPE_CHECKING:
     from admission.core import ProfileChangeRecord as CoreChangeRecord
-    from admission.services.rollout import RunPlan
+    from admission.rollout.plan import RunPlan
 
 _lock = threading.RLock()
 _registry: AdmissionRegistry | None = None

@@ -30,11 +30,11 @@ from admission.models import (
 )
 from admission.profile_problems import InvalidProfileDocument, profile_problems
 from admission.runtime import registry as runtime
+from admission.runtime.refresh import NOTIFY_CHANNEL
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
-NOTIFY_CHANNEL = "sluice_profiles"
 LABEL_MAX_LENGTH = ProfileVersion._meta.get_field("profile_version").max_length or 128
 
 # The checklist of docs/runbooks/RUN-JEV-ADMISSION-v1.md; a test keeps the two in step.

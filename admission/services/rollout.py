@@ -25,7 +25,6 @@ import datetime as dt
 import hashlib
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from django.core.cache import cache
@@ -45,6 +44,8 @@ from admission.models import (
     ShadowObservation,
     Workspace,
 )
+from admission.rollout.compare import Bound, Comparison, compare_tallies, rejected_count
+from admission.rollout.plan import RunPlan, version_label
 from admission.services import profiles as services
 
 if TYPE_CHECKING:
@@ -144,37 +145,6 @@ def canary_routes(canary: RolloutEvent, *, principal_id: str, invocation_id: str
     return canary.fraction is not None and fraction_hit(
         f"{canary.pk}:{invocation_id}", canary.fraction
     )
-
-
-@dataclass(frozen=True, slots=True)
-class RunPlan:
-    """What a run that starts now runs under: decided once, at the run boundary."""
-
-    workspace_key: str
-    parallel_allowed: bool
-    shadow: RolloutEvent | None
-    # The running canary, and whether this run is one of its runs.
-    canary: RolloutEvent | None
-    on_canary: bool = False
-
-    def scheduler_enabled(self, requested: bool) -> bool:
-        return requested and self.parallel_allowed
-
-    def describe(self, *, requested: bool) -> dict[str, Any]:
-        """The run's `rollout` entry: the switch, the effective scheduler setting, the arms."""
-        return {
-            "parallelScheduling": "allowed" if self.parallel_allowed else "off",
-            "schedulerEnabled": self.scheduler_enabled(requested),
-            "schedulerRequested": requested,
-            "canary": _label(self.canary) if self.on_canary else None,
-            "shadow": _label(self.shadow) if not self.on_canary else None,
-        }
-
-
-def _label(event: RolloutEvent | None) -> str | None:
-    if event is None or event.version is None:
-        return None
-    return event.version.profile_version
 
 
 def run_plan(
@@ -293,7 +263,8 @@ def shadow_start(*, version: ProfileVersion, actor: User, reason: str = "") -> R
         running = shadow_current(workspace=locked)
         if running is not None:
             raise RolloutError(
-                f"workspace {workspace.key} already shadows {_label(running)}; stop it first",
+                f"workspace {workspace.key} already shadows {version_label(running)}; "
+                "stop it first",
                 field="version",
                 code="conflict",
             )
@@ -363,7 +334,7 @@ def canary_start(
         running = canary_current(workspace=locked)
         if running is not None:
             raise RolloutError(
-                f"workspace {workspace.key} already runs canary {_label(running)}; "
+                f"workspace {workspace.key} already runs canary {version_label(running)}; "
                 "promote or abandon it first",
                 field="version",
                 code="conflict",
@@ -424,160 +395,6 @@ def shadow_observation_record(
     )
 
 
-# ----------------------------------------------------------------------- comparison
-
-
-@dataclass(frozen=True, slots=True)
-class Bound:
-    """One bound compared: its value on both sides and a plain verdict."""
-
-    key: str
-    title: str
-    active: float
-    shadow: float
-    passed: bool
-    verdict: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "bound": self.key,
-            "title": self.title,
-            "active": self.active,
-            "shadow": self.shadow,
-            "pass": self.passed,
-            "verdict": self.verdict,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Comparison:
-    """Active against shadow (or current against canary) over one window."""
-
-    active: dict[str, Any]
-    shadow: dict[str, Any]
-    bounds: list[Bound]
-    observations: int
-    # After each observation: (requests or runs so far, rejected so far on each side), plotted.
-    series: list[tuple[int, int, int]] = field(default_factory=list)
-    series_unit: str = "requests"
-
-    @property
-    def passed(self) -> bool:
-        """Whether the other side was no worse on every bound; false until something was seen."""
-        return self.observations > 0 and all(bound.passed for bound in self.bounds)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "observations": self.observations,
-            "active": self.active,
-            "shadow": self.shadow,
-            "bounds": [bound.to_dict() for bound in self.bounds],
-            "passed": self.passed,
-        }
-
-
-def _share(part: float, whole: float) -> float:
-    return part / whole if whole else 0.0
-
-
-def _rejected(tally: Mapping[str, Any]) -> int:
-    return sum(int(count) for count in tally.get("rejected", {}).values())
-
-
-def _amplification(tally: Mapping[str, Any]) -> float:
-    first = int(tally.get("requests", 0)) - int(tally.get("retries", 0))
-    extra = int(tally.get("wouldRetry", 0))
-    return (int(tally.get("requests", 0)) + extra) / first if first > 0 else 1.0
-
-
-def _opened(tally: Mapping[str, Any]) -> int:
-    return sum(
-        int(n) for key, n in tally.get("breakerTransitions", {}).items() if key.endswith(">open")
-    )
-
-
-def compare_tallies(
-    active: Mapping[str, Any],
-    shadow: Mapping[str, Any],
-    *,
-    other: str = "shadow",
-    base: str = "active",
-) -> list[Bound]:
-    """A verdict per bound: the `other` side passes a bound when it is no worse than `base`."""
-
-    def bound(key: str, title: str, a: float, s: float, unit: str, show: str = "{:g}") -> Bound:
-        passed = s <= a + 1e-9
-        if abs(s - a) <= 1e-9:
-            verdict = f"same as {base} ({show.format(s)}{unit})"
-        elif s < a:
-            verdict = f"better: {show.format(s)}{unit} against {show.format(a)}{unit}"
-        else:
-            verdict = f"worse: {show.format(s)}{unit} against {show.format(a)}{unit}"
-        return Bound(key, title, a, s, passed, verdict)
-
-    rejected_a, rejected_s = _rejected(active), _rejected(shadow)
-    bounds = [
-        bound(
-            "rejectedShare",
-            "Requests rejected",
-            _share(rejected_a, active.get("requests", 0)),
-            _share(rejected_s, shadow.get("requests", 0)),
-            "",
-            "{:.1%}",
-        ),
-        bound(
-            "deferredShare",
-            "Requests that waited in a queue",
-            _share(active.get("deferred", 0), active.get("requests", 0)),
-            _share(shadow.get("deferred", 0), shadow.get("requests", 0)),
-            "",
-            "{:.1%}",
-        ),
-        bound(
-            "maxQueued",
-            "Deepest queue (waiting requests)",
-            active.get("maxQueued", 0),
-            shadow.get("maxQueued", 0),
-            "",
-        ),
-        bound(
-            "maxQueueDelayMs",
-            "Longest queue delay",
-            active.get("queueDelayMs", {}).get("max", 0.0),
-            shadow.get("queueDelayMs", {}).get("max", 0.0),
-            " ms",
-            "{:.0f}",
-        ),
-        bound(
-            "retryAmplification",
-            "Retry amplification (attempts per first attempt)",
-            _amplification(active),
-            _amplification(shadow),
-            "",
-            "{:.2f}",
-        ),
-        bound(
-            "breakerOpened",
-            "Breaker openings",
-            _opened(active),
-            _opened(shadow),
-            "",
-        ),
-    ]
-    if rejected_s > rejected_a:
-        reasons = ", ".join(f"{k} {v}" for k, v in shadow.get("rejected", {}).items())
-        first = bounds[0]
-        bounds[0] = Bound(
-            first.key,
-            first.title,
-            first.active,
-            first.shadow,
-            first.passed,
-            f"{first.verdict} ({rejected_s - rejected_a} more; {other}: {reasons})",
-        )
-    return bounds
-
-
 # Comparisons are read incrementally: rows older than COMPARISON_SETTLE (every transaction that
 # writes one has committed by then) are folded once into a checkpoint kept in the cache, so each
 # page load reads only the rows after it. The plotted series keeps about SERIES_POINTS points.
@@ -625,8 +442,8 @@ def _folded(key: str, rows_between: RowsBetween, fold: FoldRows, empty: dict[str
 def _fold_observations(state: dict[str, Any], rows: Iterable[Any]) -> dict[str, Any]:
     for active, shadow in rows:
         state["requests"] += int(active.get("requests", 0))
-        state["rejected"][0] += _rejected(active)
-        state["rejected"][1] += _rejected(shadow)
+        state["rejected"][0] += rejected_count(active)
+        state["rejected"][1] += rejected_count(shadow)
         state["series"].append((state["requests"], *state["rejected"]))
         state["count"] += 1
         state["active"] = merge_tallies([state["active"], active])
@@ -672,7 +489,7 @@ def canary_runs_comparison(*, canary: RolloutEvent, runs_between: RowsBetween) -
     """
     from admission.core import Tally
 
-    label = _label(canary)
+    label = version_label(canary)
 
     def fold(state: dict[str, Any], runs: Iterable[Any]) -> dict[str, Any]:
         for profile_version, attempts in runs:
@@ -681,7 +498,7 @@ def canary_runs_comparison(*, canary: RolloutEvent, runs_between: RowsBetween) -
             _tally_attempts(tally, attempts or [])
             state[side] = merge_tallies([state[side], tally.to_dict()])
             state["count"] += 1
-            rejected = [_rejected(state[name]) for name in ("current", "canary")]
+            rejected = [rejected_count(state[name]) for name in ("current", "canary")]
             state["series"].append((state["count"], *rejected))
         return state
 

@@ -204,7 +204,15 @@ class RolloutEventAdmin(admin.ModelAdmin):
         if op is not None and not may_operate:
             raise PermissionDenied
         allowed = rollout.parallel_scheduling_allowed(workspace=workspace)
-        forms_by_op = self._forms(workspace, request.POST if op else None, op, allowed)
+        # A version's own page links here with `?version=<pk>`: its forms start on that version.
+        chosen = request.GET.get("version", "")
+        forms_by_op = self._forms(
+            workspace,
+            request.POST if op else None,
+            op,
+            allowed,
+            chosen=chosen if chosen.isdigit() else None,
+        )
         if op is not None:
             form = forms_by_op.get(op)
             if form is None:
@@ -237,21 +245,22 @@ class RolloutEventAdmin(admin.ModelAdmin):
 
     @staticmethod
     def _forms(
-        workspace: Workspace, data: Any, op: str | None, allowed: bool
+        workspace: Workspace, data: Any, op: str | None, allowed: bool, chosen: str | None = None
     ) -> dict[str, forms.Form]:
         def bound(name: str) -> Any:
             return data if op == name else None
 
         # The switch form flips the state the page showed.
         flip = {"enabled": "false" if allowed else "true"}
+        picked = {"version": chosen} if chosen else None
         return {
             "switch": KillSwitchForm(bound("switch"), prefix="switch", initial=flip),
             "shadow_start": ShadowStartForm(
-                bound("shadow_start"), prefix="shadow", workspace=workspace
+                bound("shadow_start"), prefix="shadow", workspace=workspace, initial=picked
             ),
             "shadow_stop": RolloutCloseForm(bound("shadow_stop"), prefix="shadow_stop"),
             "canary_start": CanaryStartForm(
-                bound("canary_start"), prefix="canary", workspace=workspace
+                bound("canary_start"), prefix="canary", workspace=workspace, initial=picked
             ),
             "canary_promote": RolloutCloseForm(bound("canary_promote"), prefix="promote"),
             "canary_abandon": RolloutCloseForm(bound("canary_abandon"), prefix="abandon"),

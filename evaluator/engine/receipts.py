@@ -37,6 +37,8 @@ RECEIPT_SCHEMA = "decision-evaluation-receipt/v3"
 RECEIPT_SCHEMA_V2 = "decision-evaluation-receipt/v2"
 RUNNING = "running"
 RUN_STATES = frozenset({RUNNING, "completed", "cancelled", "timeout"})
+# How long a change nobody waits for (an attempt's record) waits for company before its write.
+DEFERRED_WRITE_S = 0.005
 # Reason on the attempt that a pending-dispatch slot turns into when a run resumes.
 DISPATCH_UNCONFIRMED = "dispatch-unconfirmed"
 
@@ -187,6 +189,7 @@ class ReceiptJournal:
         self._changes = 0  # changes applied to the copy
         self._durable = 0  # changes a landed write holds
         self._flight: asyncio.Task[None] | None = None
+        self._deferred: asyncio.TimerHandle | None = None
         self._failure: BaseException | None = None
 
     @classmethod
@@ -375,10 +378,15 @@ class ReceiptJournal:
         wanted = self._changes
         if self._failure is not None:
             raise self._failure
+        if not wait:
+            if self._flight is None and self._deferred is None:
+                # Wait a moment: the next call's slot usually follows and takes this along.
+                self._deferred = asyncio.get_running_loop().call_later(
+                    DEFERRED_WRITE_S, self._write_deferred
+                )
+            return
         if self._flight is None:
             self._start_write()
-        if not wait:
-            return
         while self._durable < wanted:
             flight = self._flight
             if flight is not None and flight.done():
@@ -391,7 +399,15 @@ class ReceiptJournal:
             # A waiter that is cancelled leaves the write to land for the others.
             await asyncio.shield(flight)
 
+    def _write_deferred(self) -> None:
+        self._deferred = None
+        if self._flight is None and self._failure is None and self._durable < self._changes:
+            self._start_write()
+
     def _start_write(self) -> None:
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         flight = self._flight = asyncio.get_running_loop().create_task(self._write())
         flight.add_done_callback(self._landed)
 

@@ -24,7 +24,7 @@ from evaluator import server_clock
 from evaluator.engine.outcomes import CANCELLED, EXECUTION_UNCERTAIN
 from evaluator.engine.receipts import RUNNING, pending_slots, unconfirmed_attempt, upgraded_document
 from evaluator.models import EvaluationRun, Receipt
-from evaluator.services.runs import RunServiceError
+from evaluator.services.errors import RunServiceError
 
 __all__ = [
     "RunAlreadyFinished",

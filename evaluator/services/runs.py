@@ -10,98 +10,51 @@ still queued and a worker's next poll finds it. Load runs travel the same way
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import IntegrityError, close_old_connections, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Model
 
 from admission import access, selectors
-from admission.core import AdmissionRegistry
 from admission.models import ProfileVersion, Workspace
-from admission.services import rollout
-from config.telemetry import evaluator_telemetry
 from evaluator import qualification, server_clock, usage
-from evaluator.deployment import AdapterConfigError, adapter_ids, build_adapters
+from evaluator.deployment import AdapterConfigError, adapter_ids
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.invocation import DecisionEvaluationRequest
-from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
 from evaluator.engine.rulesets import MAX_DECISIONS, prompt_values
-from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
 from evaluator.models import EvaluationRun, LoadRun
-from evaluator.worker.cancel_watch import run_cancel_signal
-from evaluator.worker.receipts_db import DatabaseReceiptStore
+from evaluator.services import doorbell
+from evaluator.services.errors import (
+    BROKER_UNAVAILABLE,
+    BrokerUnavailable,
+    InvalidRunRequest,
+    LoadRunBacklogFull,
+    LoadRunNotAllowed,
+    RunServiceError,
+)
 
 __all__ = [
     "BrokerUnavailable",
     "InvalidRunRequest",
     "LoadRunBacklogFull",
     "LoadRunNotAllowed",
-    "RunNotStartable",
     "RunServiceError",
-    "evaluate",
-    "evaluation_run_prepare",
     "evaluation_run_submit",
     "load_manifest_names",
     "load_run_execute",
     "load_run_submit",
-    "run_complete",
     "run_fail",
+    "run_finish",
 ]
 
 logger = logging.getLogger(__name__)
 
-BROKER_UNAVAILABLE = "broker-unavailable"
-# A dead broker answers within about a second instead of the default retry schedule.
-PUBLISH_RETRY_POLICY = {
-    "max_retries": 2,
-    "interval_start": 0,
-    "interval_step": 0.25,
-    "interval_max": 0.5,
-}
-
 RunT = TypeVar("RunT", EvaluationRun, LoadRun)
-
-
-class RunServiceError(Exception):
-    """A run could not be submitted; `field` names the input at fault when there is one."""
-
-    type = "invalid"
-    field: str | None = None
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        if field is not None:
-            self.field = field
-
-
-class InvalidRunRequest(RunServiceError):
-    """The request document, manifest or target cannot run; nothing was written."""
-
-
-class LoadRunNotAllowed(RunServiceError):
-    """Only operators of the workspace start load runs (`admission.access`)."""
-
-    type = "permission_denied"
-
-
-class BrokerUnavailable(RunServiceError):
-    """The broker did not take the task; the run row says `failed` / `broker-unavailable`."""
-
-    type = BROKER_UNAVAILABLE
-
-    def __init__(self, message: str, *, run: EvaluationRun | LoadRun) -> None:
-        super().__init__(message)
-        self.run = run
 
 
 # ------------------------------------------------------------------------ evaluation runs
@@ -239,155 +192,12 @@ def _error_type(run: EvaluationRun | LoadRun) -> str | None:
     return run.error.get("type") if isinstance(run.error, dict) else None
 
 
-class RunNotStartable(Exception):
-    """A claimed run cannot start; it ends `failed` with `error_type`."""
-
-    def __init__(self, error_type: str, detail: str, field: str | None = None) -> None:
-        super().__init__(detail)
-        self.error_type = error_type
-        self.detail = detail
-        self.field = field
-
-
-@dataclass(frozen=True, slots=True)
-class RunStart:
-    """What a claimed run starts with: its request, fresh adapters and its rollout plan."""
-
-    request: DecisionEvaluationRequest
-    adapters: dict[str, Any]
-    plan: rollout.RunPlan
-    requested: bool
-
-
-def evaluation_run_prepare(run: EvaluationRun) -> RunStart:
-    """Read a claimed run's request and adapters and fix its run boundary (the kill switch,
-    shadow and canary as they stand now hold for the whole run). Raises `RunNotStartable`."""
-    try:
-        request = DecisionEvaluationRequest.from_dict(
-            {**run.document, "invocationId": run.invocation_id},
-            principal_id=run.principal_id,
-            workspace_id=run.workspace.key,
-        )
-        adapters = build_adapters(run.workspace.key)
-    except InvalidDefinitionError as error:
-        raise RunNotStartable("invalid-definition", error.problem, error.field) from None
-    except AdapterConfigError as error:
-        raise RunNotStartable("configuration", str(error)) from None
-    plan = rollout.run_plan(
-        workspace=run.workspace,
-        principal_id=run.principal_id,
-        invocation_id=run.invocation_id,
-        run_id=str(run.pk),
-        pinned=request.scheduler.profile_version is not None,
-    )
-    requested = request.scheduler.enabled
-    if not plan.scheduler_enabled(requested):
-        request = dataclasses.replace(
-            request, scheduler=dataclasses.replace(request.scheduler, enabled=False)
-        )
-    return RunStart(request, adapters, plan, requested)
-
-
-@dataclass(frozen=True, slots=True)
-class _Outcome:
-    result: EvaluationResult
-    profile_version: str | None
-    # (shadow session, active tally, shadow tally) drained when the run ended.
-    shadow: tuple[Any, dict[str, Any], dict[str, Any]] | None = None
-
-
-async def evaluate(
-    request: DecisionEvaluationRequest,
-    registry: AdmissionRegistry,
-    adapters: dict[str, Any],
-    *,
-    store: DatabaseReceiptStore | None = None,
-) -> _Outcome:
-    """Evaluate on the running loop with the database receipt store (resumes a receipt)."""
-    if store is None:
-        store = DatabaseReceiptStore()
-        # The store's thread keeps its connection between runs; drop it if the server went away.
-        await sync_to_async(close_old_connections, thread_sensitive=True)()
-    profile = registry.current_profile(request.workspace_id)
-    try:
-        # The run's cancel signal fires when somebody cancels it, from any process.
-        async with run_cancel_signal(request.workspace_id, request.invocation_id) as signal:
-            result = await evaluate_decision_ruleset(
-                dataclasses.replace(request, signal=signal),
-                registry=registry,
-                adapters=adapters,
-                receipt_store=store,
-                telemetry=evaluator_telemetry(),
-                max_prompt_chars=settings.SLUICE_MAX_PROMPT_CHARS,
-            )
-    finally:
-        for adapter in adapters.values():
-            close = getattr(adapter, "aclose", None)
-            if close is not None:
-                await close()
-    # Drained on the loop, where the shadow counts.
-    shadow = registry.shadow(request.workspace_id)
-    # This run's own tallies (the shadow counts every run apart), merged from every process.
-    drained = (shadow.session, *shadow.drain(request.invocation_id)) if shadow is not None else None
-    return _Outcome(result, profile.profile_version if profile is not None else None, drained)
-
-
-def run_complete(
-    run: EvaluationRun,
-    outcome: _Outcome,
-    *,
-    start: RunStart | None = None,
-    claim: uuid.UUID | None = None,
-) -> EvaluationRun:
-    """Write a finished evaluation's result and its shadow observation (only while `claim`
-    still holds the run)."""
-    if claim is not None and not EvaluationRun.objects.filter(pk=run.pk, claim=claim).exists():
-        logger.warning("%s is no longer held by this claim; not writing its outcome", run)
-        return run
-    described = None
-    if start is not None:
-        plan = start.plan
-        if outcome.shadow is not None and plan.shadow is not None:
-            session, active, would_be = outcome.shadow
-            if session == plan.shadow.pk:
-                rollout.shadow_observation_record(
-                    session_id=session, run_id=str(run.pk), active=active, shadow=would_be
-                )
-        described = plan.describe(requested=start.requested)
-    result = outcome.result
-    status = result.status
-    if status == "completed" and any(d.status == EXECUTION_UNCERTAIN for d in result.decisions):
-        status = EvaluationRun.Status.EXECUTION_UNCERTAIN
-    document = result.to_dict()
-    attempts = []
-    for decision in document["decisions"]:
-        for attempt in decision.pop("attempts"):
-            attempts.append({"decisionId": decision["decisionId"], **attempt})
-    document["succeeded"] = result.succeeded
-    if described is not None:
-        document["rollout"] = described
-    return _finish(
-        run,
-        status=status,
-        claim=claim,
-        result=document,
-        attempts=attempts,
-        profile_version=outcome.profile_version,
-    )
-
-
 # ------------------------------------------------------------------------------ load runs
 
 
 def load_manifest_names() -> list[str]:
     """File names of the preregistered manifests under `manifests/`."""
     return sorted(entry.file_name for entry in REGISTERED_MANIFESTS.values())
-
-
-class LoadRunBacklogFull(RunServiceError):
-    """The workspace already has `SLUICE_WORKSPACE_LOAD_RUNS_QUEUED` load runs waiting."""
-
-    type = "throttled"
 
 
 def load_run_submit(
@@ -464,13 +274,8 @@ def _ring_on_commit(run: EvaluationRun | LoadRun) -> None:
 
 def _ring(run: EvaluationRun | LoadRun) -> None:
     """Publish the doorbell of a committed run; a lost doorbell only costs one poll interval."""
-    from evaluator import tasks
-
-    _hold_before_publish()
     try:
-        tasks.run_evaluation.apply_async(
-            args=[str(run.pk)], task_id=run.task_id, retry=True, retry_policy=PUBLISH_RETRY_POLICY
-        )
+        doorbell.ring(str(run.pk), run.task_id)
     except Exception as error:
         logger.warning(
             "%s is queued, but its doorbell was not published (%s: %s); a worker's next poll "
@@ -479,18 +284,6 @@ def _ring(run: EvaluationRun | LoadRun) -> None:
             type(error).__name__,
             error,
         )
-
-
-def _hold_before_publish() -> None:
-    """Test hook (`SLUICE_TEST_HOLD_PUBLISH`): while the named file exists, a committed run's
-    doorbell waits, so a test can kill the web server between commit and publish."""
-    path = settings.SLUICE_TEST_HOLD_PUBLISH
-    if not path:
-        return
-    held = Path(f"{path}.held")
-    held.touch()
-    while Path(path).exists():
-        time.sleep(0.02)
 
 
 def run_fail(
@@ -505,10 +298,12 @@ def run_fail(
     error: dict[str, Any] = {"type": error_type, "detail": detail}
     if field:
         error["field"] = field
-    return _finish(run, status="failed", error=error, claim=claim)
+    return run_finish(run, status="failed", error=error, claim=claim)
 
 
-def _finish(run: RunT, *, status: str, claim: uuid.UUID | None = None, **values: Any) -> RunT:
+def run_finish(run: RunT, *, status: str, claim: uuid.UUID | None = None, **values: Any) -> RunT:
+    """End a run with `status` and the row's `values` (only while `claim`, if given, holds it);
+    an evaluation's usage is recorded in the same transaction."""
     model: type[Model] = type(run)
     with transaction.atomic():
         locked = model.objects.select_for_update().get(pk=run.pk)  # type: ignore[attr-defined]

@@ -52,7 +52,7 @@ from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.services import runs as services
 from evaluator.services.load_runs import load_run_execute_claimed
-from evaluator.worker import dispatch, load_dispatch
+from evaluator.worker import dispatch, execute, load_dispatch
 from evaluator.worker.loop import evaluation_loop
 from evaluator.worker.receipts_db import DatabaseReceiptStore, in_database_thread
 
@@ -175,7 +175,8 @@ class Runner:
         with self._lock:
             return len(self._held) - self._waiting
 
-    def _admission_wait(self, change: int) -> None:
+    def admission_wait(self, change: int) -> None:
+        """One more (+1) or one fewer (-1) of this runner's runs waits for admission."""
         with self._lock:
             was_full = len(self._held) - self._waiting >= self.slots
             self._waiting += change
@@ -362,8 +363,8 @@ class Runner:
     def _start(self, run: EvaluationRun) -> None:
         assert run.claim is not None
         try:
-            start = services.evaluation_run_prepare(run)
-        except services.RunNotStartable as refused:
+            start = execute.evaluation_run_prepare(run)
+        except execute.RunNotStartable as refused:
             services.run_fail(
                 run, refused.error_type, refused.detail, field=refused.field, claim=run.claim
             )
@@ -400,7 +401,7 @@ class Runner:
         self,
         run: EvaluationRun,
         held: _Held,
-        start: services.RunStart,
+        start: execute.RunStart,
         registry: _SlotFreeingRegistry,
     ) -> None:
         token = held.token
@@ -409,7 +410,7 @@ class Runner:
             return lambda: services.run_fail(run, error_type, detail, field=field, claim=token)
 
         try:
-            outcome = await services.evaluate(
+            outcome = await execute.evaluate(
                 start.request,
                 cast(AdmissionRegistry, registry),
                 start.adapters,
@@ -430,7 +431,7 @@ class Runner:
             await self._retrying(held, fail("internal-error", detail))
         else:
             await self._retrying(
-                held, lambda: services.run_complete(run, outcome, start=start, claim=token)
+                held, lambda: execute.run_complete(run, outcome, start=start, claim=token)
             )
 
     async def _retrying(self, held: _Held, action: Callable[[], Any]) -> Any:
@@ -521,7 +522,7 @@ class _SlotFreeingRegistry:
         self._holding += holding
         now = self._waiting > 0 and self._holding == 0
         if now != was:
-            self._runner._admission_wait(+1 if now else -1)
+            self._runner.admission_wait(+1 if now else -1)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._registry, name)

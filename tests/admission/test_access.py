@@ -279,7 +279,7 @@ def test_an_approver_of_b_cannot_act_on_b_from_a_role_in_a(ann, globex, make_use
     response = _act(_admin(ann), "profileversion", "approve_selected", globex["pending"], **CHECKS)
     messages = [str(m) for m in response.context["messages"]]
     assert messages == [
-        "globex:globex-v3: you may not approve or reject changes in workspace globex"
+        "Refused: globex:globex-v3: you may not approve or reject changes in workspace globex"
     ]
     assert not ProfileApproval.objects.filter(version=globex["pending"]).exists()
 

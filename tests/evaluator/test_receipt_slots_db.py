@@ -156,6 +156,8 @@ def test_one_runs_writes_never_wait_for_another_runs(pool):
                 await asyncio.gather(*(run_b.mark_dispatch(i, attempt(i)) for i in range(8)))
                 for i in range(8):
                     await run_b.record_attempt(i, attempt(i, outcome=SUCCEEDED))
+                # Closing the receipt waits for every write of B, records included.
+                await run_b.finish("completed")
             a_waiting = not blocked.done()
         finally:
             release.set()
@@ -165,5 +167,5 @@ def test_one_runs_writes_never_wait_for_another_runs(pool):
 
     a_waiting, document_b = asyncio.run(main())
     assert a_waiting, "run A's write should have waited for its own row's lock"
-    assert document_b["pendingDispatches"] == []
+    assert document_b["state"] == "completed" and document_b["pendingDispatches"] == []
     assert all(len(entry["attempts"]) == 1 for entry in document_b["decisions"])

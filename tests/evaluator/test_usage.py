@@ -49,7 +49,7 @@ def finish(workspace, user, principal, attempts, *, at=None, index=[0]):  # noqa
         document={},
         status="running",
     )
-    finished = services._finish(run, status="completed", attempts=attempts)
+    finished = services.run_finish(run, status="completed", attempts=attempts)
     if at is not None:
         # The run finished at another hour: move its usage there for the test.
         EvaluationRun.objects.filter(pk=run.pk).update(finished_at=at)
@@ -72,7 +72,7 @@ def test_a_runs_attempts_add_up_per_hour_provider_and_principal_exactly_once(acm
         ],
     )
     # Finishing again changes nothing: the run counted when it finished.
-    assert services._finish(run, status="completed", attempts=run.attempts) == run
+    assert services.run_finish(run, status="completed", attempts=run.attempts) == run
     rows = {r.provider_id: r for r in UsageHour.objects.all()}
     assert set(rows) == {"openai", "backup"}
     openai = rows["openai"]

@@ -137,7 +137,13 @@ def test_a_web_server_killed_between_commit_and_publish_loses_no_run(
     _use(deployment, provider)
     hold = deployment.root / "hold-publish"
     hold.touch()
-    web = deployment.start_web({"SLUICE_TEST_HOLD_PUBLISH": str(hold)})
+    # The web process runs with a hook that holds each doorbell while the file exists.
+    web = deployment.start_web(
+        {
+            "DJANGO_SETTINGS_MODULE": "tests.service.held_publish_settings",
+            "SLUICE_TEST_HOLD_PUBLISH": str(hold),
+        }
+    )
     document = {**_document("held-run", 3), "invocationId": "held-1"}
     answered: list[Any] = []
 

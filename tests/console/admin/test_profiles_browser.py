@@ -251,7 +251,11 @@ def test_the_admin_guides_the_proposer_and_the_approver(
         page.goto("/admin/admission/profileversion/")
         page.click("#result_list a:text-is('v2')")
         expect(page.locator("#version-activate_selected")).to_have_text("Activate")
-        expect(page.locator("#version-rollout")).to_be_visible()
+        # Its rollout buttons open the workspace's controls on this version.
+        page.click("#version-shadow")
+        expect(page.locator("#id_shadow-version option:checked")).to_have_text("v2")
+        expect(page.locator("#id_canary-version option:checked")).to_have_text("v2")
+        page.go_back()
         page.click("#version-activate_selected")
         expect(alex.messages()).to_contain_text("Activated acme:v2 (change).")
 

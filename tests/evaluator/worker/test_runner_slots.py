@@ -30,7 +30,7 @@ class CountingRunner:
         self.waiting = 0
         self.seen: list[int] = []
 
-    def _admission_wait(self, change: int) -> None:
+    def admission_wait(self, change: int) -> None:
         self.waiting += change
         self.seen.append(self.waiting)
 

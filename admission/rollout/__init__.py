@@ -1,0 +1,1 @@
+"""What a run starts under (`plan`) and how the two sides of a rollout compare (`compare`)."""
