@@ -33,8 +33,12 @@ test: install
 
 lint: install
 	$(BIN)/ruff check .
+	# No private name imported from another package (a preview rule, so asked for alone);
+	# tests/test_layout.py checks the modules of one package.
+	$(BIN)/ruff check --preview --select PLC2701 .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/test_layout.py
 
 typecheck: install
 	# django-stubs loads the settings, which need a key; this one signs nothing.

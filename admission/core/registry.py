@@ -18,13 +18,13 @@ from admission.core.controller import AdmissionController
 from admission.core.errors import ProfileConflictError
 from admission.core.evidence import ProfileChangeRecord
 from admission.core.hosting import HostedController
+from admission.core.shadow import ShadowAdmission
 
 if TYPE_CHECKING:
     from admission.core.clock import Clock
     from admission.core.evidence import AdmissionEvidence, BreakerTransition
     from admission.core.limits import Profile
     from admission.core.request import AdmissionRequest
-    from admission.core.shadow import ShadowAdmission
 
 logger = logging.getLogger(__name__)
 
@@ -163,12 +163,11 @@ class AdmissionRegistry:
         """Decide every later request of `profile`'s workspace again, in dry run, under
         `profile` (`admission.core.shadow`); a running shadow of the workspace is stopped.
 
-        `registry` is where the shadow's controller lives (a registry of its own on this one's
-        clock by default); a host that shares admission between processes passes one whose
-        controllers share the shadow's state between them, apart from the real state."""
-        from admission.core.shadow import ShadowAdmission
-
-        shadow = ShadowAdmission(profile, clock=self.clock, session=session, registry=registry)
+        `registry` hosts the shadow's controller (a registry of its own on this one's clock by
+        default); a host that shares admission between processes passes one whose controllers
+        share the shadow's state between them, apart from the real state."""
+        host = registry if registry is not None else AdmissionRegistry(clock=self.clock)
+        shadow = ShadowAdmission(profile, clock=self.clock, host=host, session=session)
         previous = self._shadows.get(profile.workspace_id)
         if previous is not None:
             previous.stop()

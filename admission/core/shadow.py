@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from admission.core.errors import AdmissionRejected
 from admission.core.request import AdmissionRequest
@@ -33,11 +33,16 @@ if TYPE_CHECKING:
     from admission.core.controller import AdmissionController, Lease
     from admission.core.evidence import AdmissionEvidence
     from admission.core.limits import Profile
-    from admission.core.registry import AdmissionRegistry
 
-__all__ = ["ShadowAdmission", "ShadowCall", "Tally", "merge_tallies"]
+__all__ = ["ControllerHost", "ShadowAdmission", "ShadowCall", "Tally", "merge_tallies"]
 
 logger = logging.getLogger(__name__)
+
+
+class ControllerHost(Protocol):
+    """What hosts a shadow's own controller (an `AdmissionRegistry` of its own)."""
+
+    def register(self, profile: Profile) -> AdmissionController: ...
 
 
 @dataclass(slots=True)
@@ -138,25 +143,16 @@ class ShadowAdmission:
     """A workspace's shadow: its profile, its own controller and both sides' tallies."""
 
     def __init__(
-        self,
-        profile: Profile,
-        *,
-        clock: Clock,
-        session: Any = None,
-        registry: AdmissionRegistry | None = None,
+        self, profile: Profile, *, clock: Clock, host: ControllerHost, session: Any = None
     ) -> None:
-        # The registry module creates shadows; importing it at call time keeps the two apart.
-        from admission.core.registry import AdmissionRegistry
-
         self.profile = profile
         self.workspace_id = profile.workspace_id
         # The host's name for this shadow (its audit row), carried for the host's records.
         self.session = session
         self.clock = clock
-        # Its own registry, never the real one: the host may give one that shares the shadow's
-        # state with other processes (deployment-wide admission), under a key space of its own.
-        self._registry = registry if registry is not None else AdmissionRegistry(clock=clock)
-        controller = self._registry.register(profile)
+        # The registry that starts the shadow hands it a registry of its own to host it.
+        self._registry = host
+        controller = host.register(profile)
         self.controller: AdmissionController = controller
         # Both sides' tallies per run (the budget id's part before its last "/", the
         # invocation), and what was counted for runs already drained (kept for the next drain).

@@ -173,9 +173,10 @@ class ReceiptJournal:
     Every change is applied to the journal's copy at once and made durable by a compare-and-set
     ``update``; changes made while an update is in flight go together in the next one, so eight
     calls starting at once cost one write, not eight. ``mark_dispatch``, ``resolve_pending`` and
-    ``finish`` return once a write that holds their change has landed; an attempt's record only
-    starts its write. A failed write fails every change waiting on it and every later one: the
-    run stops, and its next claimant resumes from what is durable.
+    ``finish`` return once a write that holds their change has landed; an attempt's record is
+    written a moment later, or sooner with the next change someone waits for. A failed write
+    fails every change waiting on it and every later one: the run stops, and its next claimant
+    resumes from what is durable.
     """
 
     def __init__(
@@ -364,16 +365,19 @@ class ReceiptJournal:
         await self._commit()
 
     async def settle(self) -> None:
-        """Wait until no write is in flight, whatever the writes end with."""
+        """Write what waits for company now, then wait until no write is in flight, whatever
+        the writes end with."""
+        if self._deferred is not None and self._flight is None and self._failure is None:
+            self._start_write()
         while self._flight is not None:
             await asyncio.wait([self._flight])
 
     async def _commit(self, *, wait: bool = True) -> None:
         """Have the changes made so far written; with ``wait``, return once they are durable.
 
-        Without ``wait`` the write is only started: a change that need not be durable before
-        the run goes on (an attempt's record: until it lands, its slot stands for it). A failed
-        write is raised by every later commit."""
+        Without ``wait`` (a change that need not be durable before the run goes on: an
+        attempt's record, for which its slot stands until it lands) the write waits
+        ``DEFERRED_WRITE_S`` for company. A failed write is raised by every later commit."""
         self._changes += 1
         wanted = self._changes
         if self._failure is not None:

@@ -382,7 +382,7 @@ class Runner:
             previous.future.cancel()
         self.counters.claimed += 1
         future = asyncio.run_coroutine_threadsafe(
-            self._execute(run, held, start, _SlotFreeingRegistry(self, registry)), self.loop.loop
+            self._execute(run, held, start, SlotFreeingRegistry(self, registry)), self.loop.loop
         )
         held.future = future
         future.add_done_callback(lambda _: self._ended(run.pk, held))
@@ -402,7 +402,7 @@ class Runner:
         run: EvaluationRun,
         held: _Held,
         start: execute.RunStart,
-        registry: _SlotFreeingRegistry,
+        registry: SlotFreeingRegistry,
     ) -> None:
         token = held.token
 
@@ -458,11 +458,11 @@ async def _hold_left_seconds() -> float:
     return 0.0 if end is None else max(0.0, end - loop.time())
 
 
-class _SlotFreeingController:
+class SlotFreeingController:
     """A workspace's controller as one run sees it, counting that run's attempts waiting in
     `acquire` and holding a lease."""
 
-    def __init__(self, controller: Any, run: _SlotFreeingRegistry) -> None:
+    def __init__(self, controller: Any, run: SlotFreeingRegistry) -> None:
         self._controller = controller
         self._run = run
 
@@ -483,9 +483,9 @@ class _SlotFreeingController:
 class _CountedLease:
     """A lease whose release tells its run that one attempt no longer holds a permit."""
 
-    def __init__(self, lease: Any, run: _SlotFreeingRegistry) -> None:
+    def __init__(self, lease: Any, run: SlotFreeingRegistry) -> None:
         self._lease = lease
-        self._run: _SlotFreeingRegistry | None = run
+        self._run: SlotFreeingRegistry | None = run
 
     def release(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -499,7 +499,7 @@ class _CountedLease:
         return getattr(self._lease, name)
 
 
-class _SlotFreeingRegistry:
+class SlotFreeingRegistry:
     """A run's registry as its evaluation sees it: its controllers free the run's slot while
     the run waits for admission, that is while some of its attempts wait and none holds a
     permit (a run with calls in flight keeps its slot, however many more of its attempts
@@ -514,7 +514,7 @@ class _SlotFreeingRegistry:
 
     def controller(self, workspace_id: str) -> Any:
         found = self._registry.controller(workspace_id)
-        return None if found is None else _SlotFreeingController(found, self)
+        return None if found is None else SlotFreeingController(found, self)
 
     def attempts_changed(self, *, waiting: int = 0, holding: int = 0) -> None:
         was = self._waiting > 0 and self._holding == 0

@@ -43,7 +43,7 @@ WORKSPACE_KEY = OpenApiParameter(
 NOT_FOUND = OpenApiResponse(ErrorSerializer, description="No such workspace visible to you.")
 
 
-def _caller(request: Request) -> Any:
+def request_user(request: Request) -> Any:
     """The authenticated caller; permission classes have already refused anyone else."""
     user = request.user
     if not isinstance(user, get_user_model()):
@@ -166,7 +166,7 @@ class ProfileVersionListView(WorkspaceScopedView, generics.ListCreateAPIView):
             version = services.profile_version_propose(
                 workspace=self.get_workspace(),
                 document=payload.validated_data["document"],
-                proposed_by=_caller(request),
+                proposed_by=request_user(request),
             )
         except services.ProfileVersionDuplicate as duplicate:
             return Response(self._represent(duplicate.version), status=status.HTTP_200_OK)

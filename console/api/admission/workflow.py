@@ -37,7 +37,7 @@ from console.api.admission.serializers import (
     ProfileChangeRecordSerializer,
     ProfileVersionSerializer,
 )
-from console.api.admission.views import NOT_FOUND, WORKSPACE_KEY, WorkspaceScopedView, _caller
+from console.api.admission.views import NOT_FOUND, WORKSPACE_KEY, WorkspaceScopedView, request_user
 from console.api.pagination import NewestIdFirstPagination
 from evaluator import comparisons
 
@@ -383,7 +383,7 @@ class ProfileApproveView(_VersionActionView):
         with _service_refusals():
             services.profile_version_approve(
                 version=version,
-                approver=_caller(request),
+                approver=request_user(request),
                 checklist=payload.validated_data["checklist"],
                 comment=payload.validated_data["comment"],
             )
@@ -417,7 +417,7 @@ class ProfileRejectView(_VersionActionView):
         with _service_refusals():
             services.profile_version_reject(
                 version=version,
-                approver=_caller(request),
+                approver=request_user(request),
                 checklist=payload.validated_data.get("checklist") or {},
                 comment=payload.validated_data["comment"],
             )
@@ -452,7 +452,7 @@ class ProfileActivateView(_VersionActionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         version = self.get_version()
         with _service_refusals():
-            record = services.profile_version_activate(version=version, actor=_caller(request))
+            record = services.profile_version_activate(version=version, actor=request_user(request))
         return Response(ProfileChangeRecordSerializer(record).data, status=status.HTTP_201_CREATED)
 
 
@@ -503,7 +503,7 @@ class RollbackListView(WorkspaceScopedView, generics.ListAPIView):
             created = services.rollback_request_create(
                 workspace=workspace,
                 target=target,
-                requested_by=_caller(request),
+                requested_by=request_user(request),
                 reason=payload.validated_data["reason"],
             )
         return Response(RollbackRequestSerializer(created).data, status=status.HTTP_201_CREATED)
@@ -543,7 +543,7 @@ class RollbackApproveView(_RollbackActionView):
         with _service_refusals():
             record = services.rollback_request_approve(
                 request=self.get_rollback(),
-                approver=_caller(request),
+                approver=request_user(request),
                 comment=payload.validated_data["comment"],
             )
         return Response(ProfileChangeRecordSerializer(record).data, status=status.HTTP_201_CREATED)
@@ -566,7 +566,7 @@ class RollbackRejectView(_RollbackActionView):
         with _service_refusals():
             decided = services.rollback_request_reject(
                 request=self.get_rollback(),
-                approver=_caller(request),
+                approver=request_user(request),
                 comment=payload.validated_data["comment"],
             )
         return Response(RollbackRequestSerializer(decided).data)
@@ -641,7 +641,7 @@ class SchedulingView(WorkspaceScopedView):
         with _service_refusals():
             rollout.parallel_scheduling_set(
                 workspace=self.get_workspace(),
-                actor=_caller(request),
+                actor=request_user(request),
                 allowed=payload.validated_data["enabled"],
                 reason=payload.validated_data["reason"],
             )
@@ -706,7 +706,7 @@ class ShadowView(_SessionView):
         with _service_refusals():
             rollout.shadow_start(
                 version=self.version(payload.validated_data["version"]),
-                actor=_caller(request),
+                actor=request_user(request),
                 reason=payload.validated_data["reason"],
             )
         return Response(self.state(), status=status.HTTP_201_CREATED)
@@ -729,7 +729,7 @@ class ShadowStopView(_SessionView):
         with _service_refusals():
             event = rollout.shadow_stop(
                 workspace=self.get_workspace(),
-                actor=_caller(request),
+                actor=request_user(request),
                 reason=payload.validated_data["reason"],
             )
         return Response(RolloutEventSerializer(event).data)
@@ -776,7 +776,7 @@ class CanaryView(_CanaryMixin, _SessionView):
         with _service_refusals():
             rollout.canary_start(
                 version=self.version(data["version"]),
-                actor=_caller(request),
+                actor=request_user(request),
                 principals=data["principals"],
                 fraction=data["fraction"],
                 reason=data["reason"],
@@ -801,7 +801,7 @@ class CanaryPromoteView(_CanaryMixin, _SessionView):
         with _service_refusals():
             _event, record = rollout.canary_promote(
                 workspace=self.get_workspace(),
-                actor=_caller(request),
+                actor=request_user(request),
                 reason=payload.validated_data["reason"],
             )
         return Response(ProfileChangeRecordSerializer(record).data)
@@ -824,7 +824,7 @@ class CanaryAbandonView(_CanaryMixin, _SessionView):
         with _service_refusals():
             event = rollout.canary_abandon(
                 workspace=self.get_workspace(),
-                actor=_caller(request),
+                actor=request_user(request),
                 reason=payload.validated_data["reason"],
             )
         return Response(RolloutEventSerializer(event).data)

@@ -9,7 +9,7 @@ import pytest
 from admission.core import AdmissionRequest, Estimate
 from evaluator.engine.adapters import FakeAdapter, FakeStep
 from evaluator.engine.scheduler import evaluate_decision_ruleset
-from evaluator.worker.runner import _SlotFreeingRegistry
+from evaluator.worker.runner import SlotFreeingRegistry
 from tests.evaluator.builders import (
     PRINCIPAL,
     WORKSPACE,
@@ -47,7 +47,7 @@ def test_a_parallel_run_counts_as_one_waiting_run_at_most(taken):
         )
         shared = registry_with(loop, prof)
         runner = CountingRunner()
-        registry = _SlotFreeingRegistry(runner, shared)
+        registry = SlotFreeingRegistry(runner, shared)
         leases = [
             await shared.controller(WORKSPACE).acquire(
                 AdmissionRequest(f"other-{i}", OTHER, WORKSPACE, "fake", Estimate())

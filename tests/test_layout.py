@@ -1,0 +1,120 @@
+"""The layout's rules that import-linter does not check: no import circle between modules
+(lazy imports included) and no private name used across modules."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import grimp
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("admission", "evaluator", "console", "config")
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "migrations" in path.parts:
+                continue
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            yield ".".join(parts), path
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_uses(module: str, tree: ast.AST) -> list[str]:
+    """`from x import _name` and `alias._name` where `alias` is a module imported from another
+    module of the project: each found as 'line: what'."""
+    found: list[str] = []
+    modules: dict[str, str] = {}  # local name -> project module it names
+    known = {name for name, _ in _modules()}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] not in PACKAGES:
+                continue
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                if full in known:
+                    modules[alias.asname or alias.name] = full
+                elif _private(alias.name) and node.module != module:
+                    found.append(f"{node.lineno}: from {node.module} import {alias.name}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PACKAGES and alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and _private(node.attr)
+            and isinstance(node.value, ast.Name)
+            and modules.get(node.value.id, module) != module
+        ):
+            found.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("module,path", list(_modules()), ids=lambda v: str(v))
+def test_no_private_name_is_used_across_modules(module: str, path: Path) -> None:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    assert private_uses(module, tree) == []
+
+
+def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
+    # Tarjan's strongly connected components, iteratively; a component of two or more modules
+    # is a circle.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append(
+                        (child, iter(sorted(graph.find_modules_directly_imported_by(child))))
+                    )
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    graph = grimp.build_graph(*PACKAGES, cache_dir=None)
+    assert _cycles(graph) == []
