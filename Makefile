@@ -45,6 +45,7 @@ typecheck: install
 	DJANGO_SECRET_KEY=$${DJANGO_SECRET_KEY:-typecheck-only} $(BIN)/mypy admission evaluator console config
 
 bench: install
+	$(BIN)/python benchmarks/layout.py
 	$(BIN)/python benchmarks/admission.py
 	$(BIN)/python benchmarks/evaluator.py
 	$(BIN)/python benchmarks/load_harness.py

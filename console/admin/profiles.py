@@ -292,7 +292,10 @@ def _form_action(
     extra: dict[str, Any] | None = None,
 ) -> TemplateResponse | None:
     """An admin action that asks for a form first: the form page until it validates, then
-    `perform` on each object; None sends the admin back to the changelist and its messages."""
+    `perform` on each object; None sends the admin back to the changelist and its messages.
+
+    The three positional parameters are Django's action signature; the keyword-only rest say
+    which form, what to do and how to title the page, so each action states them by name."""
     if "post" in request.POST:
         form = make_form(request.POST)
         if form.is_valid():
@@ -346,7 +349,8 @@ def _decision_action(
     action: str,
     extra: dict[str, Any] | None = None,
 ) -> TemplateResponse | None:
-    """An approve/reject action: the runbook checklist page, then `decide` on each object."""
+    """An approve/reject action: the runbook checklist page, then `decide` on each object
+    (Django's action signature plus `_form_action`'s keyword-only description of the page)."""
     return _form_action(
         model_admin,
         request,

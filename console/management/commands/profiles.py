@@ -45,6 +45,8 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        """Declare every subcommand and its options in one place (one block per subcommand, so
+        `--help` and this read in the same order; long only because the command has many)."""
         commands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
 
         propose = commands.add_parser("propose", help="Propose a profile document.")

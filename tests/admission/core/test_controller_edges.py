@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from admission.core import AdmissionRegistry, VirtualTimeLoop
+from admission.core import AdmissionRegistry, QueueSnapshot, VirtualTimeLoop
 
 from .conftest import make_profile, request
 
@@ -143,11 +143,20 @@ def test_a_release_above_the_reservation_gives_the_pool_its_permit_back(scenario
 
     async def body(s):
         held = [await s.admit(request("a", budget=f"a{n}")) for n in range(2)]
+        # The pool's three permits: two held by a, one held back for b; c has to wait.
+        waiting = s.start(request("c", budget="c1"))
+        await s.settle()
+        assert not waiting.done()
+        assert s.controller.snapshot("c") == QueueSnapshot(active=0, queued=1)
         held.pop().release()
-        # a still uses its reservation; b's is held back; the third permit is free for c.
-        lease = await asyncio.wait_for(s.admit(request("c", budget="c1")), 0.001)
-        lease.release()
+        await s.settle()
+        # a still uses its reservation; b's is held back; the permit a gave back goes to c.
+        assert waiting.done() and waiting.exception() is None
+        assert s.controller.snapshot("a") == QueueSnapshot(active=1, queued=0)
+        assert s.controller.snapshot("c") == QueueSnapshot(active=1, queued=0)
+        waiting.result().release()
         held.pop().release()
+        assert s.controller.snapshot("a") == QueueSnapshot(active=0, queued=0)
 
     s.run(body)
 

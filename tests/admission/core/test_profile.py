@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import admission.core.limits as limits_module
 from admission.core.canonical import sha256_digest
 from admission.core.errors import InvalidProfileError
 from admission.core.limits import BreakerConfig, Limits, Profile
@@ -180,10 +181,22 @@ def test_profile_built_in_python_matches_the_parsed_document():
     assert built.to_dict() == doc
 
 
-def test_digests_are_computed_once():
+def test_digests_are_computed_once(monkeypatch):
     profile = parse(v2_doc())
-    assert profile.profile_digest is profile.profile_digest
-    assert profile.digest is profile.digest
+    hashed: list[dict] = []
+
+    def counting_digest(value):
+        hashed.append(value)
+        return sha256_digest(value)
+
+    monkeypatch.setattr(limits_module, "sha256_digest", counting_digest)
+    first = [profile.profile_digest, profile.digest]
+    assert len(hashed) == 2
+    # Read again: the same values, and nothing is hashed again.
+    assert [profile.profile_digest, profile.digest] == first
+    assert [profile.profile_digest, profile.digest] == first
+    assert len(hashed) == 2
+    assert first == [sha256_digest(hashed[0]), sha256_digest(hashed[1])]
 
 
 def test_snake_case_attributes_are_read_from_camel_case_keys():

@@ -46,7 +46,7 @@ def member_token(django_user_model: Any, settings_fixture: Any) -> str:
 
 
 @pytest.fixture
-def test_connection_kept() -> Iterator[None]:
+def connection_kept() -> Iterator[None]:
     # Called straight through WSGI, Django would close the test's connection after each
     # request, as it does in production; Django's test client holds these off the same way.
     signals.request_started.disconnect(close_old_connections)
@@ -57,7 +57,7 @@ def test_connection_kept() -> Iterator[None]:
 
 
 @pytest.fixture
-def settings_fixture(settings: Any, test_connection_kept: None) -> Any:
+def settings_fixture(settings: Any, connection_kept: None) -> Any:
     # Room for every example: throttling is tested on its own.
     settings.SLUICE_THROTTLE_RATES = {"anon": None, "user": None, "workspace": None, "submit": None}
     return settings

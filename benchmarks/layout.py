@@ -1,0 +1,152 @@
+"""Figures of the layout: files and lines per layer, import circles, imports that run up a
+layer, and the largest functions and longest signatures.
+
+    .venv/bin/python benchmarks/layout.py [--top N]
+
+Reads the source as text and the import graph with grimp (import-linter's graph); runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import grimp
+
+ROOT = Path(__file__).resolve().parents[1]
+# Top to bottom: a module may import its own layer and the layers below it.
+LAYERS = ("config", "console", "evaluator", "admission")
+
+
+def _layer(path: Path) -> str:
+    parts = path.relative_to(ROOT).parts
+    if len(parts) > 2:
+        return f"{parts[0]}/{parts[1]}"
+    return parts[0]
+
+
+def _sources() -> list[Path]:
+    return [
+        path
+        for package in LAYERS
+        if (ROOT / package).is_dir()
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in path.parts
+    ]
+
+
+def _components(graph: grimp.ImportGraph) -> list[list[str]]:
+    """Import circles: the strongly connected components of two or more modules."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph.modules):
+        if root in index:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append(
+                        (child, iter(sorted(graph.find_modules_directly_imported_by(child))))
+                    )
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def _upward(graph: grimp.ImportGraph) -> list[str]:
+    rank = {name: depth for depth, name in enumerate(LAYERS)}
+    up = []
+    for module in sorted(graph.modules):
+        for imported in sorted(graph.find_modules_directly_imported_by(module)):
+            a, b = module.split(".")[0], imported.split(".")[0]
+            if a in rank and b in rank and rank[b] < rank[a]:
+                up.append(f"{module} -> {imported}")
+    return up
+
+
+def _functions(paths: list[Path]) -> list[tuple[int, int, str]]:
+    """(lines, parameters, where) of every function and method."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                arguments = node.args
+                count = len(arguments.posonlyargs) + len(arguments.args)
+                count += len(arguments.kwonlyargs)
+                if arguments.args and arguments.args[0].arg in ("self", "cls"):
+                    count -= 1
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                where = f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
+                found.append((lines, count, where))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--top", type=int, default=10, help="how many functions to list")
+    options = parser.parse_args(argv)
+    paths = _sources()
+    files: dict[str, int] = defaultdict(int)
+    lines: dict[str, int] = defaultdict(int)
+    for path in paths:
+        files[_layer(path)] += 1
+        lines[_layer(path)] += len(path.read_text(encoding="utf-8").splitlines())
+    print(f"{'layer':34} {'files':>6} {'lines':>7}")
+    for layer in sorted(files):
+        print(f"{layer:34} {files[layer]:>6} {lines[layer]:>7}")
+    print(f"{'total':34} {sum(files.values()):>6} {sum(lines.values()):>7}")
+    sys.path.insert(0, str(ROOT))
+    present = [package for package in LAYERS if (ROOT / package).is_dir()]
+    graph = grimp.build_graph(*present, cache_dir=None)
+    circles = _components(graph)
+    print(f"\nimport circles (lazy imports included): {len(circles)}")
+    for circle in circles:
+        print("  " + " <-> ".join(circle))
+    upward = _upward(graph)
+    print(f"imports up the layers {' > '.join(LAYERS)}: {len(upward)}")
+    for edge in upward:
+        print("  " + edge)
+    functions = _functions(paths)
+    print(f"\nlargest functions (of {len(functions)}):")
+    for size, count, where in sorted(functions, reverse=True)[: options.top]:
+        print(f"  {size:>4} lines {count:>3} parameters  {where}")
+    long_signatures = sorted((f for f in functions if f[1] > 6), key=lambda f: -f[1])
+    print(f"functions over 80 lines: {sum(1 for f in functions if f[0] > 80)}")
+    print(f"functions over 6 parameters: {len(long_signatures)}")
+    for size, count, where in long_signatures[: options.top]:
+        print(f"  {count:>3} parameters {size:>4} lines  {where}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
