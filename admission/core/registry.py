@@ -157,12 +157,17 @@ class AdmissionRegistry:
         ledger = self._ledgers.get(workspace_id)
         return list(ledger.history) if ledger is not None else []
 
-    def start_shadow(self, profile: Profile, *, session: Any = None) -> ShadowAdmission:
+    def start_shadow(
+        self, profile: Profile, *, session: Any = None, registry: AdmissionRegistry | None = None
+    ) -> ShadowAdmission:
         """Decide every later request of `profile`'s workspace again, in dry run, under
-        `profile` (`admission.core.shadow`); a running shadow of the workspace is stopped."""
-        shadow = ShadowAdmission(
-            profile, clock=self.clock, host=AdmissionRegistry(clock=self.clock), session=session
-        )
+        `profile` (`admission.core.shadow`); a running shadow of the workspace is stopped.
+
+        `registry` hosts the shadow's controller (a registry of its own on this one's clock by
+        default); a host that shares admission between processes passes one whose controllers
+        share the shadow's state between them, apart from the real state."""
+        host = registry if registry is not None else AdmissionRegistry(clock=self.clock)
+        shadow = ShadowAdmission(profile, clock=self.clock, host=host, session=session)
         previous = self._shadows.get(profile.workspace_id)
         if previous is not None:
             previous.stop()

@@ -112,6 +112,8 @@ class Tally:
         }
 
 
+# Runs remembered as drained, so their late counts go to the next drain.
+_DRAINED_KEPT = 4096
 _SUMMED = ("requests", "retries", "admitted", "deferred", "retryableRejected", "wouldRetry")
 _MAXED = ("maxQueued", "maxRetryPressure")
 
@@ -152,8 +154,11 @@ class ShadowAdmission:
         self._registry = host
         controller = host.register(profile)
         self.controller: AdmissionController = controller
-        self.active = Tally()
-        self.shadow = Tally()
+        # Both sides' tallies per run (the budget id's part before its last "/", the
+        # invocation), and what was counted for runs already drained (kept for the next drain).
+        self._runs: dict[str, tuple[Tally, Tally]] = {}
+        self._drained: dict[str, None] = {}
+        self._late = (Tally(), Tally())
         self.calls: set[ShadowCall] = set()
         self.stopped = False
         # Invocations that ended while some of their shadow requests were still pending.
@@ -167,10 +172,31 @@ class ShadowAdmission:
         self.calls.add(call)
         return call
 
-    def drain(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Both sides' tallies since the previous drain, as dicts; the counting starts again."""
-        active, shadow = self.active.to_dict(), self.shadow.to_dict()
-        self.active, self.shadow = Tally(), Tally()
+    def tallies(self, budget_id: str) -> tuple[Tally, Tally]:
+        """The (active, shadow) tallies a request of invocation budget `budget_id` counts in."""
+        run = budget_id.rsplit("/", 1)[0]
+        if run in self._drained:
+            # Its run was drained already: counted with the next drain, never lost.
+            return self._late
+        found = self._runs.get(run)
+        if found is None:
+            found = self._runs[run] = (Tally(), Tally())
+        return found
+
+    def drain(self, run: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Both sides' tallies as dicts: of one run (its invocation id), or with `run` None of
+        every run since the previous drain; what ended up counted for runs drained before
+        comes along. The counting of those runs starts again."""
+        keys = list(self._runs) if run is None else [run] if run in self._runs else []
+        picked = [self._runs.pop(key) for key in keys]
+        if run is not None:
+            self._drained[run] = None
+            while len(self._drained) > _DRAINED_KEPT:
+                del self._drained[next(iter(self._drained))]
+        picked.append(self._late)
+        self._late = (Tally(), Tally())
+        active = merge_tallies(side[0].to_dict() for side in picked)
+        shadow = merge_tallies(side[1].to_dict() for side in picked)
         return active, shadow
 
     def stop(self) -> None:
@@ -220,6 +246,7 @@ class ShadowCall:
     """One real request and its shadow copy, from the real request's arrival until both ended."""
 
     __slots__ = (
+        "_active",
         "_held_ms",
         "_lease",
         "_outcome",
@@ -229,6 +256,7 @@ class ShadowCall:
         "_retry",
         "_shadow",
         "_shadow_admit_ms",
+        "_shadow_tally",
         "_task",
         "_timer",
         "budget_id",
@@ -238,6 +266,7 @@ class ShadowCall:
         self._owner = owner
         self._retry = retry
         self.budget_id = request.budget_id
+        self._active, self._shadow_tally = owner.tallies(request.budget_id)
         # The copy carries the real request's deadline but not its signal: the real attempt's
         # signal is disposed when it ends, while the copy may still wait.
         copy = AdmissionRequest(
@@ -264,12 +293,12 @@ class ShadowCall:
     def admitted(self, lease: Lease) -> None:
         self._real = "admitted"
         self._real_admit_ms = self._owner.clock.monotonic_ms()
-        self._owner.active.count_admission(lease.evidence, retry=self._retry)
+        self._active.count_admission(lease.evidence, retry=self._retry)
         self._settle_counts()
 
     def rejected(self, rejection: AdmissionRejected) -> None:
         self._real = "rejected"
-        self._owner.active.count_rejection(rejection, retry=self._retry)
+        self._active.count_rejection(rejection, retry=self._retry)
         self._held_ms = 0.0
         self._settle_counts()
         self._release_shadow()
@@ -288,7 +317,7 @@ class ShadowCall:
         actual_cost_usd: float | None = None,
         retry_after_ms: float | None = None,
     ) -> None:
-        self._owner.active.count_transitions(lease.evidence)
+        self._active.count_transitions(lease.evidence)
         start = self._real_admit_ms
         now = self._owner.clock.monotonic_ms()
         self._held_ms = max(0.0, now - start) if start is not None else 0.0
@@ -325,7 +354,7 @@ class ShadowCall:
             lease = await owner.controller.acquire(copy)
         except AdmissionRejected as rejection:
             self._shadow = "rejected"
-            owner.shadow.count_rejection(rejection, retry=self._retry)
+            self._shadow_tally.count_rejection(rejection, retry=self._retry)
             if rejection.retryable:
                 self._shadow = "rejected-retryable"
             self._settle_counts()
@@ -342,7 +371,7 @@ class ShadowCall:
         self._shadow = "admitted"
         self._lease = lease
         self._shadow_admit_ms = owner.clock.monotonic_ms()
-        owner.shadow.count_admission(lease.evidence, retry=self._retry)
+        self._shadow_tally.count_admission(lease.evidence, retry=self._retry)
         self._settle_counts()
         if owner.stopped:
             self._held_ms = 0.0
@@ -350,7 +379,7 @@ class ShadowCall:
 
     def _settle_counts(self) -> None:
         if self._real == "admitted" and self._shadow == "rejected-retryable":
-            self._owner.shadow.would_retry += 1
+            self._shadow_tally.would_retry += 1
             self._shadow = "rejected"
 
     def _release_shadow(self) -> None:
@@ -377,7 +406,7 @@ class ShadowCall:
                 actual_tokens=tokens,
                 actual_cost_usd=cost,
             )
-        self._owner.shadow.count_transitions(lease.evidence)
+        self._shadow_tally.count_transitions(lease.evidence)
         self._done()
 
     def _done(self) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import dataclasses
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -216,17 +216,25 @@ def registry_for_run(plan: RunPlan) -> AdmissionRegistry:
         wanted = plan.shadow
         if wanted is None or wanted.version is None:
             if running is not None:
-                registry.stop_shadow(key)
+                _retire(registry.stop_shadow(key))
         elif running is None or running.session != wanted.pk:
-            registry.start_shadow(profile_from_version(wanted.version), session=wanted.pk)
+            profile = profile_from_version(wanted.version)
+            shared = _shared_registry("shadow", wanted.pk, registry)
+            if shared is not None:
+                # Every process registers the shadow's profile at its start row's position.
+                shared.register(profile, sequence=wanted.pk)
+            _retire(running)
+            registry.start_shadow(profile, session=wanted.pk, registry=shared)
         canary = plan.canary
         if canary is None or canary.version is None:
-            _retire_canary(_canaries.pop(key, None))
+            _retire(_canaries.pop(key, None))
             return registry
         cached = _canaries.get(key)
         if cached is None or cached[0] != canary.pk:
-            _retire_canary(cached)
-            own = _canary_registry(canary.pk, registry)
+            _retire(cached)
+            own = _shared_registry("canary", canary.pk, registry) or AdmissionRegistry(
+                clock=registry.clock
+            )
             # Every process registers the canary's profile at the same position: its start row.
             own.register(profile_from_version(canary.version), sequence=canary.pk)
             cached = _canaries[key] = (canary.pk, own)
@@ -235,30 +243,33 @@ def registry_for_run(plan: RunPlan) -> AdmissionRegistry:
         return cast(AdmissionRegistry, CanaryRegistry(cached[1], registry))
 
 
-# Canary registries replaced in this process, kept open for their runs still in flight; the
-# oldest are closed beyond this many.
+# Canary and shadow registries replaced in this process, kept open for their runs still in
+# flight; the oldest are closed beyond this many.
 _RETIRED_KEPT = 4
-_retired: list[AdmissionRegistry] = []
+_retired: list[Any] = []
 
 
-def _canary_registry(canary_pk: int, registry: AdmissionRegistry) -> AdmissionRegistry:
-    """The canary version's own registry on the process registry's clock: coordinated in Redis
-    under a key space of this canary's own when the deployment shares admission, so its limits
-    hold for every process together without touching the active version's counters."""
+def _shared_registry(kind: str, pk: int, registry: AdmissionRegistry) -> AdmissionRegistry | None:
+    """With deployment-wide admission, a registry on the process registry's clock whose
+    controllers are coordinated in Redis under a key space of this canary's or shadow's own
+    (`<prefix>:<kind>:<pk>`): its limits hold for every process together, and nothing of it
+    touches the active version's counters. None when admission is in-process."""
     coordination = coordination_settings()
     if coordination is None:
-        return AdmissionRegistry(clock=registry.clock)
-    own = dataclasses.replace(coordination, prefix=f"{coordination.prefix}:canary:{canary_pk}")
+        return None
+    own = dataclasses.replace(coordination, prefix=f"{coordination.prefix}:{kind}:{pk}")
     coordinator = RedisCoordinator(own)
-    canary = AdmissionRegistry(clock=registry.clock, controller_factory=coordinator.controller)
-    canary._sluice_coordinator = coordinator  # type: ignore[attr-defined]
-    return canary
+    shared = AdmissionRegistry(clock=registry.clock, controller_factory=coordinator.controller)
+    shared._sluice_coordinator = coordinator  # type: ignore[attr-defined]
+    return shared
 
 
-def _retire_canary(cached: tuple[int, AdmissionRegistry] | None) -> None:
-    if cached is None:
+def _retire(held: Any) -> None:
+    """Keep a replaced canary (start row, registry) or shadow for its runs still in flight,
+    and close the coordinators of the oldest ones."""
+    if held is None:
         return
-    _retired.append(cached[1])
+    _retired.append(held[1] if isinstance(held, tuple) else held._registry)
     while len(_retired) > _RETIRED_KEPT:
         coordinator = getattr(_retired.pop(0), "_sluice_coordinator", None)
         loop = getattr(coordinator, "_loop", None)

@@ -151,7 +151,8 @@ async def evaluate(
                 await close()
     # Drained on the loop, where the shadow counts.
     shadow = registry.shadow(request.workspace_id)
-    drained = (shadow.session, *shadow.drain()) if shadow is not None else None
+    # This run's own tallies (the shadow counts every run apart), merged from every process.
+    drained = (shadow.session, *shadow.drain(request.invocation_id)) if shadow is not None else None
     return Outcome(result, profile.profile_version if profile is not None else None, drained)
 
 
