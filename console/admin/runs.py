@@ -5,6 +5,7 @@ Every list, page and form is limited to the user's workspaces (`admission.access
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
@@ -78,6 +79,28 @@ class RunAdminMixin(NoEditAdminMixin):
 
     REFRESH_SECONDS = 3
     change_form_template: Any = "admin/evaluator/run_change_form.html"
+
+    def _cancel_each(
+        self, request: HttpRequest, queryset: QuerySet[Any], cancel: Callable[[Any, Any], Any]
+    ) -> None:
+        """Ask the service to cancel each run, reporting each refusal or request on its own."""
+        model_admin: Any = self  # a ModelAdmin: the mixin is only used with one
+        for run in queryset.select_related("workspace"):
+            try:
+                done = cancel(run, request.user)
+            except services.RunServiceError as error:
+                model_admin.message_user(request, f"{run}: {error}", messages.ERROR)
+                continue
+            # Kept in the admin's change log too, beside the request on the row itself.
+            model_admin.log_change(request, done, "Cancel requested.")
+            if done.finished:
+                model_admin.message_user(request, f"Cancelled {done}.", messages.SUCCESS)
+            else:
+                model_admin.message_user(
+                    request,
+                    f"Cancel requested for {done}; its worker stops it within seconds.",
+                    messages.SUCCESS,
+                )
 
     def change_view(
         self,
@@ -177,22 +200,7 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
 
     @admin.action(description="Cancel the selected evaluation runs", permissions=["cancel"])
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[EvaluationRun]) -> None:
-        for run in queryset.select_related("workspace"):
-            try:
-                done = cancellation.evaluation_run_cancel(run, request.user)
-            except services.RunServiceError as error:
-                self.message_user(request, f"{run}: {error}", messages.ERROR)
-                continue
-            # Kept in the admin's change log too, beside the request on the row itself.
-            self.log_change(request, done, "Cancel requested.")
-            if done.finished:
-                self.message_user(request, f"Cancelled {done}.", messages.SUCCESS)
-            else:
-                self.message_user(
-                    request,
-                    f"Cancel requested for {done}; its worker stops it within seconds.",
-                    messages.SUCCESS,
-                )
+        self._cancel_each(request, queryset, cancellation.evaluation_run_cancel)
 
     def _progress(self, obj: EvaluationRun) -> selectors.RunProgress:
         # The page shows several fields of one progress read.
@@ -387,21 +395,7 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
 
     @admin.action(description="Cancel the selected load runs", permissions=["cancel"])
     def cancel_load_runs(self, request: HttpRequest, queryset: QuerySet[LoadRun]) -> None:
-        for run in queryset.select_related("workspace"):
-            try:
-                done = load_runs.load_run_cancel(run, request.user)
-            except services.RunServiceError as error:
-                self.message_user(request, f"{run}: {error}", messages.ERROR)
-                continue
-            self.log_change(request, done, "Cancel requested.")
-            if done.finished:
-                self.message_user(request, f"Cancelled {done}.", messages.SUCCESS)
-            else:
-                self.message_user(
-                    request,
-                    f"Cancel requested for {done}; its worker stops it within seconds.",
-                    messages.SUCCESS,
-                )
+        self._cancel_each(request, queryset, load_runs.load_run_cancel)
 
     def render_change_form(
         self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
