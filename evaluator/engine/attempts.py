@@ -113,7 +113,11 @@ async def run_attempt(
     target: Target,
     number: int,
 ) -> tuple[AttemptRecord, Any]:
-    """Run one attempt; returns its record and, when it succeeded, the parsed output."""
+    """Run one attempt; returns its record and, when it succeeded, the parsed output.
+
+    Its parameters are where the attempt stands in the run (the decision, its rendered prompt,
+    the target and the attempt's number), which the scheduler and the records both need as
+    they are; the steps (estimate, admission, dispatch) read top to bottom in one place."""
     started = ctx.elapsed_ms()
     base: dict[str, Any] = {
         "target_index": target_index,
@@ -291,6 +295,13 @@ async def _dispatch(
     mirror: ShadowCall | None,
     hold_until_ms: float,
 ) -> tuple[AttemptRecord, Any]:
+    """Send one admitted attempt to its adapter and settle its lease, receipt and shadow call.
+
+    Long, and with many parameters, on purpose: everything between the admission and the
+    lease's release is one critical section (the receipt journal's dispatch mark, the call under
+    the cancel signal, and the lease's release with the span and the shadow call), and
+    `run_attempt` has already computed each argument once; splitting it would hand the same
+    state around in pieces."""
     evidence = lease.evidence.to_dict()
     adapter = ctx.adapters[target.adapter]
     # A provider that documents stopping work on an aborted call sooner shortens the hold.
