@@ -275,11 +275,12 @@ class CoordinatedController:
         status = decision.status
         if status != QUEUED_STATUS:
             book.drop_waiter(waiter_id)
+        # Decided at once: no queue wait, so no queue delay (the round trip to Redis is not one;
+        # counted as one, every coordinated request would read as deferred).
         if status == ADMIT:
-            return self._lease(waiter_id, ticket, decision.figures)
+            return self._lease(waiter_id, ticket, decision.figures, queued=False)
         if status == REJECT:
-            now = self._clock.monotonic_ms()
-            raise self._rejection(ticket, str(decision.reason), decision.figures, now)
+            raise self._rejection(ticket, str(decision.reason), decision.figures, ticket.arrived_ms)
         return await self._wait(waiter, decision)
 
     def snapshot(self, principal_id: str) -> QueueSnapshot:
@@ -583,8 +584,10 @@ class CoordinatedController:
             self._registry.report_breaker_transition(transition)
         return list(transitions)
 
-    def _lease(self, lease_id: str, ticket: Ticket, figures: Figures) -> CoordinatedLease:
-        now = self._clock.monotonic_ms()
+    def _lease(
+        self, lease_id: str, ticket: Ticket, figures: Figures, *, queued: bool = True
+    ) -> CoordinatedLease:
+        now = self._clock.monotonic_ms() if queued else ticket.arrived_ms
         evidence = self._evidence(ticket, "admit", "admitted", figures, now)
         lease = CoordinatedLease(self, lease_id, ticket, evidence)
         self._leases[lease_id] = lease

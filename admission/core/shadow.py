@@ -246,7 +246,6 @@ class ShadowCall:
     """One real request and its shadow copy, from the real request's arrival until both ended."""
 
     __slots__ = (
-        "_active",
         "_held_ms",
         "_lease",
         "_outcome",
@@ -256,7 +255,6 @@ class ShadowCall:
         "_retry",
         "_shadow",
         "_shadow_admit_ms",
-        "_shadow_tally",
         "_task",
         "_timer",
         "budget_id",
@@ -266,7 +264,6 @@ class ShadowCall:
         self._owner = owner
         self._retry = retry
         self.budget_id = request.budget_id
-        self._active, self._shadow_tally = owner.tallies(request.budget_id)
         # The copy carries the real request's deadline but not its signal: the real attempt's
         # signal is disposed when it ends, while the copy may still wait.
         copy = AdmissionRequest(
@@ -287,6 +284,16 @@ class ShadowCall:
         self._timer: asyncio.TimerHandle | None = None
         self._task = asyncio.get_running_loop().create_task(self._decide(copy))
         self._task.add_done_callback(self._task_ended)
+
+    # Both sides count where their run counts when they count: a decision that comes after its
+    # run was drained goes with the next drain (into a tally already drained, it would be lost).
+    @property
+    def _active(self) -> Tally:
+        return self._owner.tallies(self.budget_id)[0]
+
+    @property
+    def _shadow_tally(self) -> Tally:
+        return self._owner.tallies(self.budget_id)[1]
 
     # ------------------------------------------------------------- the real side
 

@@ -121,9 +121,22 @@ def test_two_workers_share_one_shadow_and_reality_is_as_without_it(deployment: D
         assert started.status_code == 201, started.text
         began = time.monotonic()
         shadowed = _phase(deployment, provider, "shadowed")
+        # A shadow copy still being decided when its run ended counts with the next run of that
+        # process (the documented tolerance): one-decision runs carry such late copies in until
+        # the totals are exact. Each is a request on both sides, refused by the empty bucket.
+        flushes = 0
+        while True:
+            shown = deployment.api("GET", BASE + "/shadow/")
+            assert shown.status_code == 200, shown.text
+            totals = shown.json()["comparison"]
+            if totals["shadow"]["requests"] == totals["active"]["requests"] or flushes == 10:
+                break
+            document = example_request(1)
+            document["input"] = {"text": f"flush-{flushes}-{uuid.uuid4().hex[:6]}"}
+            flushed = deployment.wait_run(deployment.submit(document)["id"], timeout=30)
+            assert flushed["status"] == "completed", flushed
+            flushes += 1
         elapsed = time.monotonic() - began
-        shown = deployment.api("GET", BASE + "/shadow/")
-        assert shown.status_code == 200, shown.text
         claimants = json.loads(
             deployment.django(CLAIMED_BY.format(ids=list(shadowed["runs"]))).splitlines()[-1]
         )
@@ -149,13 +162,18 @@ def test_two_workers_share_one_shadow_and_reality_is_as_without_it(deployment: D
     comparison = shown.json()["comparison"]
     requests = RUNS * DECISIONS
     # Each run left its own observation, counted once.
-    assert comparison["observations"] == RUNS
-    assert comparison["active"]["requests"] == requests
-    assert comparison["active"]["admitted"] == requests
+    assert comparison["observations"] == RUNS + flushes
+    assert comparison["active"]["requests"] == requests + flushes
+    assert comparison["active"]["admitted"] == requests + flushes
     assert comparison["active"]["rejected"] == {}
-    assert comparison["shadow"]["requests"] == requests
+    assert comparison["shadow"]["requests"] == requests + flushes, flushes
     # As one process computes over all the arrivals: the bucket's SHADOW_RPM, once for the
     # deployment (a shadow per process would admit 2 * SHADOW_RPM), and every other copy refused.
     assert comparison["shadow"]["admitted"] == SHADOW_RPM
-    assert comparison["shadow"]["rejected"] == {"queue-full": requests - SHADOW_RPM}
+    assert comparison["shadow"]["rejected"] == {"queue-full": requests + flushes - SHADOW_RPM}
+    # Nothing of the shadow waited in a queue: it has none. Reality queued behind its ceiling,
+    # but not every request: the first ACTIVE_CEILING found the provider free.
+    assert comparison["shadow"]["deferred"] == 0
+    assert comparison["shadow"]["queueDelayMs"]["max"] == 0
+    assert 0 < comparison["active"]["deferred"] <= requests - ACTIVE_CEILING
     assert comparison["passed"] is False

@@ -785,3 +785,33 @@ def test_stop_gives_back_a_permit_held_as_long_as_reality_held_its_own(scenario_
         assert not shadow.calls
 
     run_clean(scenario, body)
+
+
+def test_a_copy_decided_after_its_run_was_drained_counts_with_the_next_drain(scenario_factory):
+    scenario = scenario_factory()
+    # The shadow runs alice's requests one at a time: the second copy waits behind the first.
+    shadow = scenario.registry.start_shadow(
+        make_profile(version="v2", principals={"alice": {"concurrency": 1}})
+    )
+    drained: list[tuple[dict[str, Any], dict[str, Any]]] = []
+
+    async def body(s):
+        pairs = [await admit_both(s, shadow, request(budget=f"r1/{b}")) for b in "ab"]
+        await s.settle()
+        await asyncio.sleep(0.01)
+        # The run ends while its second copy still waits in the shadow's queue.
+        drained.append(shadow.drain("r1"))
+        for call, lease in pairs:
+            release_both(call, lease, success=True)
+        while shadow.calls:
+            await asyncio.sleep(0.001)
+        drained.append(shadow.drain("r2"))
+
+    run_clean(scenario, body)
+    (active, first), (late_active, late) = drained
+    assert active == tally(requests=2, admitted=2)
+    assert first == tally(requests=1, admitted=1)
+    # The late decision is not lost: the next drain carries it, and the totals are exact.
+    assert late_active == tally()
+    assert late["requests"] == 1 and late["admitted"] == 1 and late["deferred"] == 1
+    assert merge_tallies([first, late])["requests"] == active["requests"]
