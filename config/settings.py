@@ -308,9 +308,6 @@ SLUICE_RUN_HEARTBEAT_SECONDS = _seconds("SLUICE_RUN_HEARTBEAT_SECONDS", 5.0, exc
 SLUICE_RUN_STALE_SECONDS = _seconds("SLUICE_RUN_STALE_SECONDS", 30.0, minimum=1.0)
 # How long a stopping worker waits for its runs before it gives them back to the backlog:
 SLUICE_WORKER_DRAIN_SECONDS = _seconds("SLUICE_WORKER_DRAIN_SECONDS", 8.0)
-# Tests only: while this file exists, a running load run holds still after its first progress
-# report (evaluator/services/load_runs.py), so a test can kill or cancel it mid-run.
-SLUICE_TEST_HOLD_LOAD_RUN = env_str("SLUICE_TEST_HOLD_LOAD_RUN", "")
 if SLUICE_RUN_STALE_SECONDS < 3 * SLUICE_RUN_HEARTBEAT_SECONDS:
     raise SettingsError(
         "SLUICE_RUN_STALE_SECONDS must be at least three SLUICE_RUN_HEARTBEAT_SECONDS"

@@ -118,3 +118,15 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
 def test_no_module_imports_itself_back_through_others() -> None:
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
     assert _cycles(graph) == []
+
+
+def test_no_test_hook_in_production_code() -> None:
+    # Tests inject their holds through public hooks (`doorbell.before_ring`,
+    # `load_runs.on_progress`) from test apps; production code reads no test-only setting.
+    found = [
+        f"{module}:{number}"
+        for module, path in _modules()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "SLUICE_TEST_" in line
+    ]
+    assert found == []

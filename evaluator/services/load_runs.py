@@ -7,6 +7,9 @@ somebody asked to cancel the run or whether the run is not this claim's any more
 sweeper, ended elsewhere). Then the watch raises `LoadRunStopped` at the harness's next progress
 report, which stops the run (evaluator/harness/replay.py), and the claimant writes the run
 `cancelled`, leaves it alone, or gives it back. The harness's thread never touches the database.
+
+Hooks registered with `on_progress` see every progress report of every load run this process
+runs, in the harness's thread (a test holds a run still there to kill or cancel it mid-run).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -32,10 +35,12 @@ from evaluator.worker.load_dispatch import load_run_claim_one, load_run_give_bac
 __all__ = [
     "LoadRunStopped",
     "LoadRunWatch",
+    "ProgressHook",
     "load_run_cancel",
     "load_run_execute_claimed",
     "load_run_run_here",
     "may_cancel_load_run",
+    "on_progress",
 ]
 
 logger = logging.getLogger(__name__)
@@ -53,6 +58,19 @@ class LoadRunStopped(Exception):
         self.why = why
 
 
+ProgressHook = Callable[["LoadRunWatch", float], None]
+
+_on_progress: list[ProgressHook] = []
+
+
+def on_progress(hook: ProgressHook) -> Callable[[], None]:
+    """Call `hook(watch, fraction)` at every progress report of every load run this process runs,
+    in the harness's thread; returns its remover. A hook that waits should call
+    `watch.raise_if_stopped()` meanwhile, so that a cancel or a lost claim still stops the run."""
+    _on_progress.append(hook)
+    return lambda: _on_progress.remove(hook)
+
+
 def _check_seconds() -> float:
     return float(getattr(settings, "SLUICE_CANCEL_CHECK_SECONDS", 1.0))
 
@@ -67,13 +85,17 @@ class LoadRunWatch:
         self.fraction = 0.0
         self._stop = threading.Event()
         self._why = ""
-        self._held = False
 
     def __call__(self, fraction: float) -> None:
         self.fraction = fraction
+        self.raise_if_stopped()
+        for hook in list(_on_progress):
+            hook(self, fraction)
+
+    def raise_if_stopped(self) -> None:
+        """Raise `LoadRunStopped` once the claimant asked the run to stop."""
         if self._stop.is_set():
             raise LoadRunStopped(self._why)
-        self._hold(fraction)
 
     def request_stop(self, why: str) -> None:
         if not self._stop.is_set():
@@ -101,19 +123,6 @@ class LoadRunWatch:
         running = row is not None and row["status"] == LoadRun.Status.RUNNING
         held = running and row is not None and row["claim"] == self.token
         return CANCELLED if held else LOST
-
-    def _hold(self, fraction: float) -> None:
-        """Test hook (`SLUICE_TEST_HOLD_LOAD_RUN`): once the run reported progress, it holds
-        still while the named file exists, still answering cancel requests."""
-        path = settings.SLUICE_TEST_HOLD_LOAD_RUN
-        if not path or self._held or fraction <= 0.0:
-            return
-        self._held = True
-        Path(f"{path}.held").write_text(str(self.run_id))
-        while Path(path).exists():
-            if self._stop.is_set():
-                raise LoadRunStopped(self._why)
-            time.sleep(0.05)
 
 
 def _end(run: LoadRun, token: uuid.UUID, status: str, **values: Any) -> LoadRun:

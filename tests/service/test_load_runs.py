@@ -38,6 +38,15 @@ def _load_run(deployment: Deployment, run_id: str, workspace: str = "demo") -> d
     return dict(response.json())
 
 
+def _held(hold: Path) -> dict[str, str]:
+    """A worker's environment whose load runs hold still while `hold` exists
+    (tests/service/held_load_run.py)."""
+    return {
+        "DJANGO_SETTINGS_MODULE": "tests.service.held_load_run_settings",
+        "SLUICE_TEST_HOLD_LOAD_RUN": str(hold),
+    }
+
+
 def _at(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
@@ -95,7 +104,7 @@ def test_a_sigkilled_workers_load_runs_restart_or_end_interrupted(deployment: De
         hold = deployment.root / "hold-load-run"
         hold.touch()
         deployment.start_web()
-        doomed = deployment.start_worker({"SLUICE_TEST_HOLD_LOAD_RUN": str(hold)})
+        doomed = deployment.start_worker(_held(hold))
         virtual = _start(deployment, VIRTUAL)
         staged = _start(
             deployment, {"manifest": "load-manifest.v2.json", "target": "staged-provider"}
@@ -126,9 +135,7 @@ def test_cancel_a_queued_and_a_running_load_run(deployment: Deployment) -> None:
     hold = deployment.root / "hold-load-run"
     hold.touch()
     deployment.start_web()
-    deployment.start_worker(
-        {"SLUICE_TEST_HOLD_LOAD_RUN": str(hold), "SLUICE_CANCEL_CHECK_SECONDS": "0.2"}
-    )
+    deployment.start_worker({**_held(hold), "SLUICE_CANCEL_CHECK_SECONDS": "0.2"})
     running = _start(deployment, VIRTUAL)
     wait_for(lambda: Path(f"{hold}.held").exists(), 90, "the first load run to hold")
     # One load run of a workspace in flight: the second waits queued.
