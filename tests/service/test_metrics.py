@@ -93,7 +93,9 @@ def test_metrics_after_an_evaluation_show_the_deployment_without_ids(deployment)
 
     # The worker made the decisions; the web server reads them from the shared state in Redis
     # or, with admission kept in the worker, from the figures the worker publishes. Rejections
-    # decided without a round trip arrive with the worker's next heartbeat or snapshot.
+    # decided without a round trip arrive with the worker's next heartbeat or snapshot, and a
+    # snapshot written while the run's last call was out still shows that call: wait for the
+    # first one written after the run.
     def counted() -> bool:
         nonlocal after
         after = scrape(deployment)
@@ -106,6 +108,7 @@ def test_metrics_after_an_evaluation_show_the_deployment_without_ids(deployment)
             )
             >= 1
             and total(after, "sluice_admission_breaker_transitions_total", provider="fake") >= 1
+            and total(after, "sluice_admission_active_calls", provider="fake") == 0
         )
 
     wait_for(counted, 30, "the worker's rejections in /metrics")
