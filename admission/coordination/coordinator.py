@@ -101,6 +101,8 @@ class RedisCoordinator:
         # Heartbeat has registered this process; workspaces it is registered in (P:pw).
         self._announced = False
         self._registered: set[str] = set()
+        # The header of every call, encoded once per (workspace, epoch).
+        self._headers: dict[tuple[str, str], list[bytes]] = {}
         self._closed = False
 
     @property
@@ -128,18 +130,25 @@ class RedisCoordinator:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def _header(self, workspace_id: str, epoch: str) -> Header:
-        s = self.settings
-        return Header(
-            s.prefix,
-            workspace_id,
-            s.idle_ttl_ms,
-            self.process_id,
-            s.lease_ttl_ms,
-            epoch,
-            s.recovery_grace_ms,
-            s.budget_ttl_ms,
-        )
+    def _header(self, workspace_id: str, epoch: str) -> list[bytes]:
+        key = (workspace_id, epoch)
+        packed = self._headers.get(key)
+        if packed is None:
+            s = self.settings
+            packed = Header(
+                s.prefix,
+                workspace_id,
+                s.idle_ttl_ms,
+                self.process_id,
+                s.lease_ttl_ms,
+                epoch,
+                s.recovery_grace_ms,
+                s.budget_ttl_ms,
+            ).pack()
+            if len(self._headers) > 4096:
+                self._headers.clear()
+            self._headers[key] = packed
+        return packed
 
     def _bind(self) -> None:
         loop = asyncio.get_running_loop()
@@ -173,6 +182,11 @@ class RedisCoordinator:
 
     async def aclose(self) -> None:
         """Stop the heartbeat and the listener and close the clients (tests, shutdown)."""
+        if self._loop is not None and not self._closed:
+            # Releases not sent yet go now; decisions counted here are reported (bounded).
+            self._flush_releases()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.push_counts(), self._close_grace_s())
         self._closed = True
         for task in self._tasks:
             task.cancel()
@@ -219,10 +233,24 @@ class RedisCoordinator:
         task.add_done_callback(self._background.discard)
         return task
 
+    def _flush_releases(self) -> None:
+        for controller in list(self.controllers.values()):
+            controller.flush_releases()
+
     async def settle(self) -> None:
-        """Wait for the releases and other writes this process has started."""
+        """Wait for the releases and other writes this process has started, then report the
+        decisions counted here (operators' views read them from Redis)."""
+        self._flush_releases()
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self.push_counts()
+
+    async def push_counts(self) -> None:
+        """Report the decisions counted since the last heartbeat now (a heartbeat)."""
+        if not any(self.local_counts.values()) or self._loop is None or self._closed:
+            return
+        with contextlib.suppress(CoordinationUnavailable):
+            await self._heartbeat()
 
     # -------------------------------------------------------------------- calls
 
@@ -254,9 +282,8 @@ class RedisCoordinator:
             await self._heartbeat()
         assert self._client is not None
         self.round_trips[name] += 1
-        arguments = [*self._header(workspace_id, self.epoch).pack(), *call.pack()]
         try:
-            raw = await self._fcall(name, arguments)
+            raw = await self._fcall(workspace_id, call)
         except redis.ResponseError as error:
             # A function that fails is a bug, not an outage: say so loudly, and fail closed.
             logger.error("admission function %s failed: %s", name, error)
@@ -271,20 +298,24 @@ class RedisCoordinator:
         self._note_epoch(result)
         return result
 
-    async def _fcall(self, name: str, arguments: list[Any]) -> Any:
+    async def _fcall(self, workspace_id: str, call: Call[Any]) -> Any:
         client = self._client
         assert client is not None
+        name = function_name(call.entry)
+        header = self._header(workspace_id, self.epoch)
         reconnected = loaded = False
         while True:
             try:
                 async with self._slots:
-                    return await client.fcall(function_name(name), 0, *arguments)
+                    return await client.fcall(name, 0, *header, *call.pack())
             except (redis.ConnectionError, ConnectionError):
                 if reconnected:
                     raise
                 # Pooled connections die together (Redis restarted, the network blinked): drop
-                # them all and try once more on a fresh one. Every function is safe to repeat.
+                # them all and try once more on a fresh one. Every function is safe to repeat
+                # (the first copy may have run: the call says so when it matters).
                 reconnected = True
+                call = call.repeated()
                 await client.connection_pool.disconnect()
             except redis.ResponseError as error:
                 if loaded or not is_missing_function(error):
@@ -306,7 +337,7 @@ class RedisCoordinator:
         client = self._sync()
         name = call.entry
         # A synchronous caller cannot re-assert permits; it speaks for no epoch.
-        header = self._header(workspace_id, "").pack()
+        header = self._header(workspace_id, "")
         args = call.pack()
         try:
             try:
