@@ -25,10 +25,11 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from admission import access
-from evaluator import qualification, server_clock
+from evaluator import qualification
 from evaluator.deployment import AdapterConfigError
 from evaluator.harness.errors import LoadHarnessError
 from evaluator.models import LoadRun
+from evaluator.services import server_clock
 from evaluator.services.cancellation import RunAlreadyFinished, RunCancelNotAllowed
 from evaluator.worker.load_dispatch import load_run_claim_one, load_run_give_back
 

@@ -21,14 +21,14 @@ from django.db.models import Model
 
 from admission import access, selectors
 from admission.models import ProfileVersion, Workspace
-from evaluator import qualification, server_clock, usage
+from evaluator import qualification
 from evaluator.deployment import AdapterConfigError, adapter_ids
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.rulesets import MAX_DECISIONS, prompt_values
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
 from evaluator.models import EvaluationRun, LoadRun
-from evaluator.services import doorbell
+from evaluator.services import doorbell, server_clock, usage
 from evaluator.services.errors import (
     BROKER_UNAVAILABLE,
     BrokerUnavailable,

@@ -29,9 +29,9 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
-from evaluator import server_clock
 from evaluator.harness.records import TARGET_STAGED
 from evaluator.models import LoadRun, WorkerProcess
+from evaluator.services import server_clock
 from evaluator.worker.dispatch import gone_workers
 
 __all__ = [
