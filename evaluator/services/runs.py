@@ -46,7 +46,6 @@ __all__ = [
     "RunServiceError",
     "evaluation_run_submit",
     "load_manifest_names",
-    "load_run_execute",
     "load_run_submit",
     "run_fail",
     "run_finish",
@@ -255,14 +254,6 @@ def load_run_submit(
         )
         _ring_on_commit(run)
     return run
-
-
-def load_run_execute(run_id: str | uuid.UUID, *, wait_seconds: float = 0.0) -> LoadRun | None:
-    """Run a queued load run in this process when it is its turn (the shell's way, see
-    `evaluator.services.load_runs.load_run_run_here`)."""
-    from evaluator.services.load_runs import load_run_run_here
-
-    return load_run_run_here(run_id, wait_seconds=wait_seconds)
 
 
 # --------------------------------------------------------------------------------- shared

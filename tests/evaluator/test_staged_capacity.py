@@ -18,7 +18,8 @@ from django.db import connection
 from admission.models import Workspace
 from evaluator.deployment.staged_capacity import LocalSlots, RedisSlots
 from evaluator.models import LoadRun
-from evaluator.services.runs import load_run_execute, load_run_submit
+from evaluator.services.runs import load_run_submit
+from evaluator.worker.load_dispatch import load_run_execute
 from tests.evaluator.loopback import LoopbackServer, Reply
 
 MANIFEST = "load-manifest.v2.json"
