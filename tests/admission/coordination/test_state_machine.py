@@ -203,7 +203,7 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         self.waiting = [entry for entry in self.waiting if entry[0] != process]
         self.leases = [entry for entry in self.leases if entry[0] != process]
         # Its lease lapses now rather than after the TTL, so the test needs no long wait.
-        self.redis.zadd(f"{self.deployment.prefix}:procs", {coordinator.process_id: 0})
+        self.redis.zadd(self.deployment.key("procs"), {coordinator.process_id: 0})
 
     @rule(ms=st.sampled_from([5, 40, 160]))
     def time_passes(self, ms: int) -> None:
