@@ -164,8 +164,15 @@ class PrivateRedisCluster:
                 self._start(port, node_timeout_ms)
             nodes = [f"127.0.0.1:{port}" for port in self.ports]
             subprocess.run(
-                ["redis-cli", "--cluster", "create", *nodes, "--cluster-replicas", "1"]
-                + ["--cluster-yes"],
+                [
+                    "redis-cli",
+                    "--cluster",
+                    "create",
+                    *nodes,
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
                 check=True,
                 capture_output=True,
                 timeout=120,
