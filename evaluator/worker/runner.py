@@ -51,7 +51,7 @@ from evaluator.engine import holds
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.services import runs as services
-from evaluator.services.load_runs import load_run_execute_claimed
+from evaluator.services.load_runs import load_run_execute_claimed, load_run_give_back
 from evaluator.worker import dispatch, execute, load_dispatch
 from evaluator.worker.loop import evaluation_loop
 from evaluator.worker.receipts_db import DatabaseReceiptStore, in_database_thread
@@ -159,7 +159,7 @@ class Runner:
             left = list(self._load_held.values())
         for held in left:
             with contextlib.suppress(DatabaseError):
-                load_dispatch.load_run_give_back(held.run, held.token, "its worker stopped")
+                load_run_give_back(held.run, held.token, "its worker stopped")
         self._load_pool.shutdown(wait=False)
 
     def wake(self) -> None:
