@@ -149,6 +149,12 @@ def test_usage_aggregates_equal_the_reconciled_actuals(deployment, chromium_path
             page.fill("#id_username", "demo-proposer")
             page.fill("#id_password", proposer["password"])
             page.click("input[type=submit]")
+            # The admin is styled: its static files are served as in production (WhiteNoise).
+            stylesheet = page.request.get("/static/admin/css/base.css")
+            assert stylesheet.status == 200, stylesheet.status
+            assert stylesheet.headers["content-type"].startswith("text/css")
+            header = "getComputedStyle(document.querySelector('#header')).backgroundColor"
+            assert page.evaluate(header) not in ("rgba(0, 0, 0, 0)", "transparent")
             page.click("a:text-is('Usage')")
             page.wait_for_url("**/admin/usage/**")
             page.screenshot(path=str(tmp_path / "usage.png"), full_page=True)
