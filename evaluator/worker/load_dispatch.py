@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,7 +32,7 @@ from django.utils import timezone
 from evaluator import server_clock
 from evaluator.harness.records import TARGET_STAGED
 from evaluator.models import LoadRun, WorkerProcess
-from evaluator.worker.dispatch import gone_workers
+from evaluator.worker.dispatch import gone_workers, trusted
 
 __all__ = [
     "INTERRUPTED",
@@ -170,9 +170,12 @@ def load_run_claim_one(run_id: uuid.UUID | str, worker_id: str) -> LoadRun | Non
         return run if _take(run, worker_id) else None
 
 
-def load_runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -> set[uuid.UUID]:
-    """Beat for the load runs this worker holds (run id → claim token); returns the ids of runs
-    no longer held by it (taken back, claimed again, or ended by somebody else)."""
+def load_runs_heartbeat(
+    worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID], *, at: datetime | None = None
+) -> set[uuid.UUID]:
+    """Beat for the load runs this worker holds (run id → claim token) at server time `at`
+    (read here when None); returns the ids of runs no longer held by it (taken back, claimed
+    again, or ended by somebody else)."""
     if not claims:
         return set()
     held = set(
@@ -182,7 +185,7 @@ def load_runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -
     )
     if held:
         LoadRun.objects.filter(claim__in=held, status=RUNNING).update(
-            heartbeat_at=server_clock.now()
+            heartbeat_at=server_clock.now() if at is None else at
         )
     return {run_id for run_id, token in claims.items() if token not in held}
 
@@ -224,7 +227,7 @@ def load_run_give_back(run: Any, token: uuid.UUID | None, why: str) -> str:
     return QUEUED if load_run_release(run.pk, token) else ""
 
 
-def load_runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
+def load_runs_sweep(*, trust_heartbeats: bool | Callable[[datetime], bool]) -> list[uuid.UUID]:
     """Take back every running load run whose claimant is gone (see `dispatch.runs_sweep` for
     when a claimant counts as gone); returns their ids."""
     now = server_clock.now()
@@ -233,7 +236,7 @@ def load_runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
     # Workers marked stopped (by a sweep, here or in `dispatch.runs_sweep`) hold nothing any more.
     stopped = WorkerProcess.objects.filter(stopped_at__isnull=False).values("id")
     lost = Q(claimed_by__in=stopped)
-    if trust_heartbeats:
+    if trusted(trust_heartbeats, now):
         lost |= Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, updated_at__lt=stale)
     taken = []
     for run in LoadRun.objects.filter(lost, status=RUNNING).only(
