@@ -251,7 +251,7 @@ class WorkerProcess(models.Model):
 
 class UsageHour(models.Model):
     """What one principal's evaluations used of one provider in one workspace during one hour
-    (evaluator/usage.py): calls sent, the actual tokens and cost reconciled with admission,
+    (evaluator/services/usage.py): calls sent, the actual tokens and cost reconciled with admission,
     admission decisions and queue delay. A run counts in the hour it finished. Principal ids
     appear here and in the workspace's own access-controlled pages, never in metrics."""
 

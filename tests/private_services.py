@@ -19,7 +19,7 @@ import pytest
 from tests.service.conftest import free_port
 from tests.service.conftest import wait_for as wait_until
 
-__all__ = ["PrivatePostgres", "PrivateRedis"]
+__all__ = ["PrivatePostgres", "PrivateRedis", "PrivateRedisCluster"]
 
 
 def answers(port: int) -> bool:
@@ -177,4 +177,146 @@ class PrivateRedis:
             self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """Free ports whose cluster bus ports (port + 10000) are free too."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port + 10000 > 65535 or port in ports:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+class PrivateRedisCluster:
+    """A throwaway Redis Cluster on loopback: `primaries` primaries, each with one replica, no
+    persistence. A test may stop a primary (`kill`) and promote its replica (`promote`)."""
+
+    def __init__(self, primaries: int = 3, *, node_timeout_ms: int = 2000) -> None:
+        if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+            pytest.skip("no redis-server / redis-cli on this machine")
+        self.dir = Path(tempfile.mkdtemp(prefix="sluice-redis-cluster-"))
+        self.ports = _cluster_ports(2 * primaries)
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        try:
+            for port in self.ports:
+                self._start(port, node_timeout_ms)
+            nodes = [f"127.0.0.1:{port}" for port in self.ports]
+            subprocess.run(
+                [
+                    "redis-cli",
+                    "--cluster",
+                    "create",
+                    *nodes,
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            for port in self.ports:
+                wait_until(lambda port=port: self._ok(port), 60, "the Redis Cluster to be ok")
+            # Every replica has finished its first sync (a promotion then loses nothing but the
+            # writes of its last moments).
+            wait_until(self._replicas_synced, 60, "the cluster's replicas to sync")
+        except BaseException:
+            self.destroy()
+            raise
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def _start(self, port: int, node_timeout_ms: int) -> None:
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
+        argv += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
+        argv += ["--cluster-node-timeout", str(node_timeout_ms)]
+        argv += ["--save", "", "--appendonly", "no", "--dir", str(self.dir)]
+        log = str(self.dir / f"redis-{port}.log")
+        argv += ["--logfile", log]
+        self.processes[port] = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_until(lambda: answers(port), 30, "a cluster node to answer")
+
+    def cli(self, port: int, *argv: str) -> str:
+        done = subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *argv],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        return done.stdout.decode("utf-8", "replace")
+
+    def _ok(self, port: int) -> bool:
+        return "cluster_state:ok" in self.cli(port, "cluster", "info")
+
+    def _replicas_synced(self) -> bool:
+        for port in self.live_ports():
+            info = self.cli(port, "info", "replication")
+            if "role:slave" in info and "master_link_status:up" not in info:
+                return False
+        return True
+
+    def live_ports(self) -> list[int]:
+        return [port for port, process in self.processes.items() if process.poll() is None]
+
+    def primaries(self) -> list[int]:
+        """Ports of the live primaries."""
+        return [port for port in self.live_ports() if self._role(port) == "master"]
+
+    def _role(self, port: int) -> str:
+        return self.cli(port, "role").split("\n", 1)[0].strip()
+
+    def primary_of(self, key: str) -> int:
+        """The port of the primary serving a key's hash slot now."""
+        from redis.cluster import key_slot
+
+        slot = key_slot(key.encode("utf-8"))
+        for line in self.cli(self.live_ports()[0], "cluster", "nodes").splitlines():
+            fields = line.split()
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for span in fields[8:]:
+                low, _, high = span.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    return int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        raise AssertionError(f"no primary serves slot {slot}")
+
+    def replica_of(self, primary: int) -> int:
+        node_id = self.cli(primary, "cluster", "myid").strip()
+        for line in self.cli(primary, "cluster", "nodes").splitlines():
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == node_id:
+                return int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        raise AssertionError(f"no replica of {primary}")
+
+    def kill(self, port: int) -> None:
+        """Stop a node at once (SIGKILL): it answers nothing and keeps nothing."""
+        process = self.processes[port]
+        process.kill()
+        process.wait(timeout=30)
+
+    def promote(self, replica: int) -> None:
+        """Make a replica the primary of its slots now (its primary is gone: no agreement)."""
+        self.cli(replica, "cluster", "failover", "takeover")
+        wait_until(lambda: self._role(replica) == "master", 30, "the promotion")
+        for port in self.live_ports():
+            wait_until(lambda port=port: self._ok(port), 60, "the cluster to be ok again")
+
+    def destroy(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -34,8 +34,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Min, Q
 
-from evaluator import server_clock
 from evaluator.models import EvaluationRun, WorkerProcess
+from evaluator.services import server_clock
 
 __all__ = [
     "HeartbeatTrust",

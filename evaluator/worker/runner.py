@@ -47,12 +47,12 @@ from django.db import DatabaseError, InterfaceError, close_old_connections, conn
 from admission.core import AdmissionRegistry
 from admission.runtime import live, refresh
 from admission.runtime import registry as runtime
-from evaluator import server_clock
 from evaluator.engine import holds
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.services import runs as services
-from evaluator.services.load_runs import load_run_execute_claimed
+from evaluator.services import server_clock
+from evaluator.services.load_runs import load_run_execute_claimed, load_run_give_back
 from evaluator.worker import dispatch, execute, load_dispatch
 from evaluator.worker.loop import evaluation_loop
 from evaluator.worker.receipts_db import DatabaseReceiptStore, in_database_thread
@@ -163,7 +163,7 @@ class Runner:
             left = list(self._load_held.values())
         for held in left:
             with contextlib.suppress(DatabaseError):
-                load_dispatch.load_run_give_back(held.run, held.token, "its worker stopped")
+                load_run_give_back(held.run, held.token, "its worker stopped")
         self._load_pool.shutdown(wait=False)
 
     def wake(self) -> None:

@@ -1,4 +1,4 @@
-"""Hourly usage aggregates (evaluator/usage.py): a finishing run's attempts add up per
+"""Hourly usage aggregates (evaluator/services/usage.py): a finishing run's attempts add up per
 hour, provider and principal, exactly once; totals, series and the CSV export read them back;
 old hours go after the retention."""
 
@@ -14,9 +14,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from admission.models import Workspace
-from evaluator import usage
 from evaluator.models import EvaluationRun, UsageHour
 from evaluator.services import runs as services
+from evaluator.services import usage
 
 pytestmark = pytest.mark.django_db
 
