@@ -251,8 +251,8 @@ class WorkerProcess(models.Model):
 
 class UsageFigures(models.Model):
     """What one principal's evaluations used of one provider in one workspace over a period
-    (evaluator/usage.py): calls sent, the actual tokens and cost reconciled with admission,
-    admission decisions by reason and queue delay. Principal ids appear here and in the
+    (evaluator/services/usage.py): calls sent, the actual tokens and cost reconciled with
+    admission, admission decisions by reason and queue delay. Principal ids appear here and in the
     workspace's own access-controlled pages, never in metrics."""
 
     provider_id = models.CharField(max_length=128)

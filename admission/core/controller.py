@@ -205,7 +205,7 @@ class AdmissionController:
     @property
     def profile(self) -> Profile:
         """The profile whose limits this controller applies now."""
-        return self._current()._profile
+        return self._current().applied_profile
 
     async def acquire(self, request: AdmissionRequest) -> Lease:
         """Admit the request now, queue it fairly, or raise `AdmissionRejected` with a reason."""
@@ -246,7 +246,10 @@ class AdmissionController:
 
     def snapshot(self, principal_id: str) -> QueueSnapshot:
         """The principal's active permits and all of its waiting requests."""
-        scope = self._current()._principals.get(principal_id)
+        owner = self._current()
+        if owner is not self:
+            return owner.snapshot(principal_id)
+        scope = self._principals.get(principal_id)
         if scope is None:
             return QueueSnapshot(active=0, queued=0)
         return QueueSnapshot(active=scope.active, queued=scope.queued)
@@ -254,32 +257,41 @@ class AdmissionController:
     def release_budget(self, budget_id: str) -> None:
         """Forget exactly this invocation's budgets (attempts, cost, tokens, repeat count)."""
         owner = self._current()
-        scopes = owner._budget_scopes.pop(budget_id, None)
+        if owner is not self:
+            owner.release_budget(budget_id)
+            return
+        scopes = self._budget_scopes.pop(budget_id, None)
         if not scopes:
             return
-        crowded = len(owner._principals) > owner._registry.max_idle_scopes
+        crowded = len(self._principals) > self._registry.max_idle_scopes
         for scope in scopes:
             scope.budgets.pop(budget_id, None)
             scope.repeats.pop(budget_id, None)
             if crowded and scope.kind == "principal" and not scope.active and not scope.queued:
-                owner._note_idle_principal(scope.key)
-        if owner._registry.evicts_idle:
-            owner._registry.note_idle(owner)
+                self._note_idle_principal(scope.key)
+        if self._registry.evicts_idle:
+            self._registry.note_idle(self)
 
     def coordinate_retry_after(self, provider_id: str, ms: float) -> None:
         """Pause this provider lane for `ms` milliseconds (starts or extends, never shortens)."""
         if not valid_amount(ms):
             raise ValueError("retry-after milliseconds must be a finite non-negative number")
         owner = self._current()
-        scope = owner._provider_scope(provider_id)
+        if owner is not self:
+            owner.coordinate_retry_after(provider_id, ms)
+            return
+        scope = self._provider_scope(provider_id)
         if scope is None or not scope.configured:
             raise ValueError("provider is not configured in the current profile")
-        now = owner._clock.monotonic_ms()
-        owner._pause(scope, now, float(ms))
+        now = self._clock.monotonic_ms()
+        self._pause(scope, now, float(ms))
 
     def breaker_transitions(self) -> list[BreakerTransition]:
         """The bounded history of breaker transitions in this workspace, oldest first."""
-        return list(self._current()._transitions)
+        owner = self._current()
+        if owner is not self:
+            return owner.breaker_transitions()
+        return list(self._transitions)
 
     def live_figures(self) -> dict[str, Any]:
         """This workspace now, for operators' views: active and queued calls of the workspace
@@ -287,11 +299,13 @@ class AdmissionController:
         pause and time until an open breaker lets probes through (ms), leases, waiters and the
         number of principals named. Carries no principal id."""
         owner = self._current()
-        now = owner._clock.monotonic_ms()
+        if owner is not self:
+            return owner.live_figures()
+        now = self._clock.monotonic_ms()
         providers: dict[str, dict[str, Any]] = {}
-        for provider_id in owner._profile.providers:
+        for provider_id in self._profile.providers:
             entry: dict[str, Any] = {"a": 0, "q": 0, "breaker": "closed", "failures": 0}
-            scope = owner._providers.get(provider_id)
+            scope = self._providers.get(provider_id)
             if scope is not None:
                 entry["a"] = scope.active
                 entry["q"] = scope.queued
@@ -305,11 +319,11 @@ class AdmissionController:
                         entry["reopen"] = max(0.0, breaker.opened_ms + config.open_ms - now)
             providers[provider_id] = entry
         return {
-            "workspace": {"a": owner._workspace.active, "q": owner._workspace.queued},
+            "workspace": {"a": self._workspace.active, "q": self._workspace.queued},
             "providers": providers,
-            "principals": len(owner._profile.principals),
-            "leases": owner._leases,
-            "waiters": owner._waiting,
+            "principals": len(self._profile.principals),
+            "leases": self._leases,
+            "waiters": self._waiting,
         }
 
     # ------------------------------------------------------------ registry hooks

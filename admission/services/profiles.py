@@ -28,9 +28,9 @@ from admission.models import (
     RollbackRequest,
     Workspace,
 )
-from admission.profile_problems import InvalidProfileDocument, profile_problems
 from admission.runtime import registry as runtime
 from admission.runtime.refresh import NOTIFY_CHANNEL
+from admission.services.profile_problems import InvalidProfileDocument, profile_problems
 
 if TYPE_CHECKING:
     from django.contrib.auth.models import User

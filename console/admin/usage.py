@@ -4,8 +4,8 @@ For one workspace the signed-in user belongs to (any role; principal ids are sho
 inside the workspace's own page), over a chosen time range: calls, actual tokens and cost,
 admitted, deferred and refused attempts (the deferrals and refusals by reason) and the queue
 delay, per hour (per day for ranges over two days) as server-drawn SVG charts, and summed per
-provider and per principal. The figures are the aggregates of `evaluator.usage`; the CSV export
-is the API's (`…/usage.csv`).
+provider and per principal. The figures are the aggregates of `evaluator.services.usage`; the
+CSV export is the API's (`…/usage.csv`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from django.utils.http import urlencode
 
 from admission import access
 from console.charts.svg import Bar, Series, SvgMarkup, bar_chart, line_chart
-from evaluator import usage
+from evaluator.services import usage
 
 __all__ = ["usage_view"]
 

@@ -20,10 +20,10 @@ from typing import Any
 from django.db import transaction
 
 from admission import access
-from evaluator import server_clock
 from evaluator.engine.outcomes import CANCELLED, EXECUTION_UNCERTAIN
 from evaluator.engine.receipts import RUNNING, pending_slots, unconfirmed_attempt, upgraded_document
 from evaluator.models import EvaluationRun, Receipt
+from evaluator.services import server_clock
 from evaluator.services.errors import RunServiceError
 
 __all__ = [

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -25,20 +24,23 @@ from django.conf import settings
 from django.db import DatabaseError, transaction
 
 from admission import access
-from evaluator import qualification, server_clock
+from evaluator import qualification
 from evaluator.deployment import AdapterConfigError
 from evaluator.harness.errors import LoadHarnessError
+from evaluator.harness.records import TARGET_STAGED
 from evaluator.models import LoadRun
+from evaluator.services import server_clock
 from evaluator.services.cancellation import RunAlreadyFinished, RunCancelNotAllowed
-from evaluator.worker.load_dispatch import load_run_claim_one, load_run_give_back
 
 __all__ = [
+    "INTERRUPTED",
     "LoadRunStopped",
     "LoadRunWatch",
     "ProgressHook",
     "load_run_cancel",
     "load_run_execute_claimed",
-    "load_run_run_here",
+    "load_run_give_back",
+    "load_run_release",
     "may_cancel_load_run",
     "on_progress",
 ]
@@ -48,6 +50,7 @@ logger = logging.getLogger(__name__)
 CANCELLED = "cancelled"
 LOST = "lost"
 STOPPING = "stopping"
+INTERRUPTED = "interrupted"
 
 
 class LoadRunStopped(Exception):
@@ -203,6 +206,43 @@ def load_run_execute_claimed(
     )
 
 
+def load_run_release(run_id: uuid.UUID, token: uuid.UUID | None) -> bool:
+    """Give a load run this claim holds back to the backlog; False when it is not held any more."""
+    updated = LoadRun.objects.filter(pk=run_id, claim=token, status=LoadRun.Status.RUNNING).update(
+        status=LoadRun.Status.QUEUED,
+        claimed_by="",
+        claim=None,
+        heartbeat_at=None,
+        progress=None,
+        updated_at=server_clock.now(),
+    )
+    return updated == 1
+
+
+def _interrupt(run_id: uuid.UUID, token: uuid.UUID | None, detail: str) -> bool:
+    now = server_clock.now()
+    updated = LoadRun.objects.filter(pk=run_id, claim=token, status=LoadRun.Status.RUNNING).update(
+        status=LoadRun.Status.FAILED,
+        error={"type": INTERRUPTED, "detail": detail},
+        finished_at=now,
+        updated_at=now,
+    )
+    return updated == 1
+
+
+def load_run_give_back(run: Any, token: uuid.UUID | None, why: str) -> str:
+    """A claimant stops holding `run` before it ended: a virtual-time run goes back to the
+    backlog (it starts again), a staged-provider run ends `failed` / `interrupted`. Returns the
+    run's status afterwards, or "" when the claim did not hold it any more."""
+    if run.target == TARGET_STAGED:
+        detail = (
+            f"{why}; a staged-provider run is not run twice, since its calls reached the "
+            "staged endpoint at real time: start it again"
+        )
+        return LoadRun.Status.FAILED if _interrupt(run.pk, token, detail) else ""
+    return LoadRun.Status.QUEUED if load_run_release(run.pk, token) else ""
+
+
 def _stopped(run: LoadRun, token: uuid.UUID, why: str) -> LoadRun:
     if why == CANCELLED:
         logger.info("load run %s cancelled mid-run", run.pk)
@@ -214,28 +254,6 @@ def _stopped(run: LoadRun, token: uuid.UUID, why: str) -> LoadRun:
         logger.warning("load run %s is no longer this claim's; stopped it", run.pk)
     run.refresh_from_db()
     return run
-
-
-def load_run_run_here(
-    run_id: uuid.UUID | str, *, wait_seconds: float = 0.0, poll_seconds: float = 0.5
-) -> LoadRun | None:
-    """Run a queued load run in this process once it is its turn (the shell's way), or wait for
-    whoever runs it; returns the run as it stands after `wait_seconds` or when it ended.
-
-    It is claimed exactly as a worker would claim it (`load_dispatch.load_run_claim_one`: the
-    workspace's cap in flight and its order hold), so the shell cannot jump the queue.
-    """
-    claimant = f"shell:{uuid.uuid4().hex[:8]}"
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        run = load_run_claim_one(run_id, claimant)
-        if run is not None:
-            assert run.claim is not None
-            return load_run_execute_claimed(run, run.claim)
-        current = LoadRun.objects.filter(pk=run_id).first()
-        if current is None or current.finished or time.monotonic() >= deadline:
-            return current
-        time.sleep(poll_seconds)
 
 
 def may_cancel_load_run(user: Any, run: LoadRun) -> bool:

@@ -21,14 +21,14 @@ from django.db.models import Model
 
 from admission import access, selectors
 from admission.models import ProfileVersion, Workspace
-from evaluator import qualification, server_clock, usage
+from evaluator import qualification
 from evaluator.deployment import AdapterConfigError, adapter_ids
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.rulesets import MAX_DECISIONS, prompt_values
 from evaluator.harness.manifests import REGISTERED_MANIFESTS
 from evaluator.models import EvaluationRun, LoadRun
-from evaluator.services import doorbell
+from evaluator.services import doorbell, server_clock, usage
 from evaluator.services.errors import (
     BROKER_UNAVAILABLE,
     BrokerUnavailable,
@@ -46,7 +46,6 @@ __all__ = [
     "RunServiceError",
     "evaluation_run_submit",
     "load_manifest_names",
-    "load_run_execute",
     "load_run_submit",
     "run_fail",
     "run_finish",
@@ -255,14 +254,6 @@ def load_run_submit(
         )
         _ring_on_commit(run)
     return run
-
-
-def load_run_execute(run_id: str | uuid.UUID, *, wait_seconds: float = 0.0) -> LoadRun | None:
-    """Run a queued load run in this process when it is its turn (the shell's way, see
-    `evaluator.services.load_runs.load_run_run_here`)."""
-    from evaluator.services.load_runs import load_run_run_here
-
-    return load_run_run_here(run_id, wait_seconds=wait_seconds)
 
 
 # --------------------------------------------------------------------------------- shared

@@ -10,6 +10,9 @@ cannot keep a quiet one waiting behind it), and within it to its oldest run. Cla
 serialized by a transaction-scoped advisory lock on PostgreSQL (SQLite serializes writers
 itself), so the cap holds exactly.
 
+The shell runs a load run in its own process (`load_run_execute`) after claiming it here under
+the same cap and order as every worker.
+
 A run taken back from a dead claimant starts again when it runs on virtual time (nothing of it
 left the process). A staged-provider run sent real calls at real time: it is not run twice, it
 ends `failed` with error type `interrupted`.
@@ -18,26 +21,25 @@ ends `failed` with error type `interrupted`.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
-from evaluator import server_clock
-from evaluator.harness.records import TARGET_STAGED
 from evaluator.models import LoadRun, WorkerProcess
-from evaluator.worker.dispatch import gone_workers
+from evaluator.services import server_clock
+from evaluator.services.load_runs import load_run_execute_claimed, load_run_give_back
+from evaluator.worker.dispatch import gone_workers, trusted
 
 __all__ = [
-    "INTERRUPTED",
     "load_run_claim_one",
-    "load_run_release",
+    "load_run_execute",
     "load_runs_claim",
     "load_runs_heartbeat",
     "load_runs_sweep",
@@ -47,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 QUEUED = LoadRun.Status.QUEUED
 RUNNING = LoadRun.Status.RUNNING
-INTERRUPTED = "interrupted"
 # pg_advisory_xact_lock key for load-run claims ("sluicl" in ASCII, truncated).
 _CLAIM_LOCK = 0x736C75696C
 
@@ -170,9 +171,34 @@ def load_run_claim_one(run_id: uuid.UUID | str, worker_id: str) -> LoadRun | Non
         return run if _take(run, worker_id) else None
 
 
-def load_runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -> set[uuid.UUID]:
-    """Beat for the load runs this worker holds (run id → claim token); returns the ids of runs
-    no longer held by it (taken back, claimed again, or ended by somebody else)."""
+def load_run_execute(
+    run_id: uuid.UUID | str, *, wait_seconds: float = 0.0, poll_seconds: float = 0.5
+) -> LoadRun | None:
+    """Run a queued load run in this process once it is its turn (the shell's way), or wait for
+    whoever runs it; returns the run as it stands after `wait_seconds` or when it ended.
+
+    It is claimed exactly as a worker would claim it (`load_run_claim_one`: the workspace's cap
+    in flight and its order hold), so the shell cannot jump the queue.
+    """
+    claimant = f"shell:{uuid.uuid4().hex[:8]}"
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        run = load_run_claim_one(run_id, claimant)
+        if run is not None:
+            assert run.claim is not None
+            return load_run_execute_claimed(run, run.claim)
+        current = LoadRun.objects.filter(pk=run_id).first()
+        if current is None or current.finished or time.monotonic() >= deadline:
+            return current
+        time.sleep(poll_seconds)
+
+
+def load_runs_heartbeat(
+    worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID], *, at: datetime | None = None
+) -> set[uuid.UUID]:
+    """Beat for the load runs this worker holds (run id → claim token) at server time `at`
+    (read here when None); returns the ids of runs no longer held by it (taken back, claimed
+    again, or ended by somebody else)."""
     if not claims:
         return set()
     held = set(
@@ -182,49 +208,12 @@ def load_runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -
     )
     if held:
         LoadRun.objects.filter(claim__in=held, status=RUNNING).update(
-            heartbeat_at=server_clock.now()
+            heartbeat_at=server_clock.now() if at is None else at
         )
     return {run_id for run_id, token in claims.items() if token not in held}
 
 
-def load_run_release(run_id: uuid.UUID, token: uuid.UUID | None) -> bool:
-    """Give a load run this claim holds back to the backlog; False when it is not held any more."""
-    updated = LoadRun.objects.filter(pk=run_id, claim=token, status=RUNNING).update(
-        status=QUEUED,
-        claimed_by="",
-        claim=None,
-        heartbeat_at=None,
-        progress=None,
-        updated_at=server_clock.now(),
-    )
-    return updated == 1
-
-
-def _interrupt(run_id: uuid.UUID, token: uuid.UUID | None, detail: str) -> bool:
-    now = server_clock.now()
-    updated = LoadRun.objects.filter(pk=run_id, claim=token, status=RUNNING).update(
-        status=LoadRun.Status.FAILED,
-        error={"type": INTERRUPTED, "detail": detail},
-        finished_at=now,
-        updated_at=now,
-    )
-    return updated == 1
-
-
-def load_run_give_back(run: Any, token: uuid.UUID | None, why: str) -> str:
-    """A claimant stops holding `run` before it ended: a virtual-time run goes back to the
-    backlog (it starts again), a staged-provider run ends `failed` / `interrupted`. Returns the
-    run's status afterwards, or "" when the claim did not hold it any more."""
-    if run.target == TARGET_STAGED:
-        detail = (
-            f"{why}; a staged-provider run is not run twice, since its calls reached the "
-            "staged endpoint at real time: start it again"
-        )
-        return LoadRun.Status.FAILED if _interrupt(run.pk, token, detail) else ""
-    return QUEUED if load_run_release(run.pk, token) else ""
-
-
-def load_runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
+def load_runs_sweep(*, trust_heartbeats: bool | Callable[[datetime], bool]) -> list[uuid.UUID]:
     """Take back every running load run whose claimant is gone (see `dispatch.runs_sweep` for
     when a claimant counts as gone); returns their ids."""
     now = server_clock.now()
@@ -233,7 +222,7 @@ def load_runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
     # Workers marked stopped (by a sweep, here or in `dispatch.runs_sweep`) hold nothing any more.
     stopped = WorkerProcess.objects.filter(stopped_at__isnull=False).values("id")
     lost = Q(claimed_by__in=stopped)
-    if trust_heartbeats:
+    if trusted(trust_heartbeats, now):
         lost |= Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, updated_at__lt=stale)
     taken = []
     for run in LoadRun.objects.filter(lost, status=RUNNING).only(

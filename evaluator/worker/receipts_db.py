@@ -17,10 +17,10 @@ from typing import Any, ParamSpec, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
 
-from evaluator import server_clock
 from evaluator.engine.errors import ReceiptConflictError
 from evaluator.engine.receipts import RUNNING, ReceiptKey, pending_slots
 from evaluator.models import Receipt
+from evaluator.services import server_clock
 
 __all__ = ["DatabaseReceiptStore", "in_database_thread"]
 

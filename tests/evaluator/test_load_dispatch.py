@@ -95,7 +95,7 @@ def test_the_shell_claims_its_run_only_in_its_turn(operator):
 def test_a_run_here_completes_with_its_record_and_progress(operator):
     workspace = _workspace("acme", operator)
     run = services.load_run_submit(workspace, operator, MANIFEST, "admission-controller")
-    done = services.load_run_execute(run.pk)
+    done = load_dispatch.load_run_execute(run.pk)
     assert done is not None
     assert (done.status, done.progress, done.deliveries) == ("completed", 1.0, 1)
     assert done.record["schema"] == "decision-load-result/v1"
@@ -124,7 +124,7 @@ def test_the_sweeper_restarts_a_virtual_time_run_and_ends_a_staged_one_interrupt
 
     # The old claimant's token writes nothing any more.
     old = claimed[virtual.pk].claim
-    assert load_dispatch.load_run_release(virtual.pk, old) is False
+    assert load_runs.load_run_release(virtual.pk, old) is False
     assert load_dispatch.load_runs_heartbeat("gone-worker", {virtual.pk: old}) == {virtual.pk}
     (again,) = load_dispatch.load_runs_claim("w2", 1)
     assert (again.pk, again.deliveries) == (virtual.pk, 2)

@@ -16,9 +16,10 @@ import redis
 from django.db import connection
 
 from admission.models import Workspace
+from evaluator.deployment.staged_capacity import LocalSlots, RedisSlots
 from evaluator.models import LoadRun
-from evaluator.services.runs import load_run_execute, load_run_submit
-from evaluator.staged_capacity import LocalSlots, RedisSlots
+from evaluator.services.runs import load_run_submit
+from evaluator.worker.load_dispatch import load_run_execute
 from tests.evaluator.loopback import LoopbackServer, Reply
 
 MANIFEST = "load-manifest.v2.json"
@@ -156,9 +157,9 @@ def test_four_staged_runs_never_exceed_the_endpoints_capacity_together(
 
 
 def test_a_call_without_reachable_slots_is_not_sent():
+    from evaluator.deployment.staged_capacity import LeasedAdapter
     from evaluator.engine.adapters import FakeAdapter
     from evaluator.engine.adapters.base import AdapterError
-    from evaluator.staged_capacity import LeasedAdapter
     from tests.evaluator.builders import request
     from tests.service.conftest import free_port
 

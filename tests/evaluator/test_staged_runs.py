@@ -18,7 +18,8 @@ from evaluator.harness.records import (
     verify_record,
 )
 from evaluator.models import LoadRun
-from evaluator.services.runs import InvalidRunRequest, load_run_execute, load_run_submit
+from evaluator.services.runs import InvalidRunRequest, load_run_submit
+from evaluator.worker.load_dispatch import load_run_execute
 from tests.evaluator.loopback import LoopbackServer, Reply
 
 pytestmark = pytest.mark.django_db

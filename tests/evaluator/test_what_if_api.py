@@ -21,7 +21,7 @@ from admission.services import profiles
 from config.demo import demo_profile, demo_setup
 from config.wsgi import application
 from evaluator.models import LoadRun
-from evaluator.services import runs as services
+from evaluator.worker import load_dispatch
 
 pytestmark = pytest.mark.django_db
 
@@ -77,7 +77,7 @@ def test_a_proposer_starts_a_what_if_a_viewer_reads_its_verdict_a_stranger_sees_
     assert (run["status"], run["whatIfVersion"], run["verdict"]) == ("queued", "demo-v2", None)
     assert (run["manifest"], run["submittedBy"]) == ("load-manifest.v2.json", "pia")
 
-    done = services.load_run_execute(run["id"])
+    done = load_dispatch.load_run_execute(run["id"])
     assert done is not None and done.status == "completed"
 
     listed = _call(WHAT_IF, "GET", viewer_token, **where)

@@ -18,7 +18,7 @@ from rest_framework.response import Response
 
 from console.api.admission.serializers import ErrorSerializer
 from console.api.admission.views import WorkspaceScopedMixin
-from evaluator import usage
+from evaluator.services import usage
 
 WORKSPACE_KEY = OpenApiParameter(
     "workspace_key", OpenApiTypes.STR, OpenApiParameter.PATH, description="The workspace's key."

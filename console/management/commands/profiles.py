@@ -30,7 +30,8 @@ from admission.services import rollout
 from console.api.auth import ApiTokenAuthentication
 from console.api.untrusted_json import UntrustedJSONError, check_json_value, load_untrusted_json
 from evaluator import comparisons, qualification
-from evaluator.services.runs import RunServiceError, load_run_execute, load_run_submit
+from evaluator.services.runs import RunServiceError, load_run_submit
+from evaluator.worker.load_dispatch import load_run_execute
 
 CHECKLIST_IDS = [key for key, _ in services.RUNBOOK_CHECKLIST]
 TOKEN_VARIABLE = "SLUICE_PROFILES_TOKEN"

@@ -16,7 +16,8 @@ from admission.models import ProfileChangeRecord, RollbackRequest, WorkspaceMemb
 from admission.services import profiles as services
 from evaluator.harness.records import FLAG_OFFLINE_PASSED, FLAG_QUALIFIED, evidence_flags
 from evaluator.models import LoadRun
-from evaluator.services.runs import InvalidRunRequest, load_run_execute, load_run_submit
+from evaluator.services.runs import InvalidRunRequest, load_run_submit
+from evaluator.worker.load_dispatch import load_run_execute
 
 pytestmark = pytest.mark.django_db
 

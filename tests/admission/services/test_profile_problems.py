@@ -1,4 +1,4 @@
-"""Every problem of a profile document at once (admission/profile_problems.py): the
+"""Every problem of a profile document at once (admission/services/profile_problems.py): the
 same core rules, each problem naming its field, nothing reported for a valid document."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from admission.core import InvalidProfileError, Profile
-from admission.profile_problems import InvalidProfileDocument, profile_problems
+from admission.services.profile_problems import InvalidProfileDocument, profile_problems
 
 VALID = {
     "profileVersion": "v1",

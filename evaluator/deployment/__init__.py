@@ -8,7 +8,7 @@ the admission provider id, so it must match a provider of the workspace's profil
 is one fake adapter, `fake`, so the embedded demo needs no provider. An `openai-chat` adapter may
 document its provider's capacity, `"capacity": {"concurrency": 8, "requestsPerMinute": 600}`,
 which each staged-provider load run's ceilings stay below, and which all the deployment's staged
-runs together never exceed in calls at once (evaluator/staged_capacity.py).
+runs together never exceed in calls at once (evaluator/deployment/staged_capacity.py).
 
 `SLUICE_WORKSPACE_ADAPTERS` (likewise) maps a workspace key to adapters of that workspace only,
 in the same form; an id there replaces the deployment-wide adapter of that id for that
@@ -30,6 +30,7 @@ from typing import Any
 
 from django.conf import settings
 
+from evaluator.deployment.staged_capacity import LeasedAdapter, deployment_slots
 from evaluator.engine.adapters import (
     Adapter,
     AdapterCall,
@@ -40,7 +41,6 @@ from evaluator.engine.adapters import (
 )
 from evaluator.engine.parsing import ENV_NAME
 from evaluator.harness.staged_target import Capacity, StagedEndpoint
-from evaluator.staged_capacity import LeasedAdapter, deployment_slots
 
 STAGED_SETTING = "SLUICE_STAGED_PROVIDER"
 DEFAULT_STAGED_WINDOW_SECONDS = 30

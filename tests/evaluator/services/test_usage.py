@@ -1,7 +1,7 @@
-"""Usage aggregates (evaluator/usage.py): a finishing run's attempts add up per hour, provider
-and principal, exactly once, with the deferrals and refusals by reason; every day row is the sum
-of its hours; totals, series and the CSV export read them back, long ranges day by day with the
-same sums; old days and their hours go after the retention."""
+"""Usage aggregates (evaluator/services/usage.py): a finishing run's attempts add up per hour,
+provider and principal, exactly once, with the deferrals and refusals by reason; every day row
+is the sum of its hours; totals, series and the CSV export read them back, long ranges day by
+day with the same sums; old days and their hours go after the retention."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from admission.models import Workspace
-from evaluator import usage
 from evaluator.models import EvaluationRun, UsageDay, UsageHour
 from evaluator.services import runs as services
+from evaluator.services import usage
 
 pytestmark = pytest.mark.django_db
 
