@@ -307,6 +307,13 @@ class PrivateRedisCluster:
         process.kill()
         process.wait(timeout=30)
 
+    def pause(self, port: int) -> None:
+        """Freeze a node (SIGSTOP): a replica then misses what its primary writes meanwhile."""
+        self.processes[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        self.processes[port].send_signal(signal.SIGCONT)
+
     def promote(self, replica: int) -> None:
         """Make a replica the primary of its slots now (its primary is gone: no agreement)."""
         self.cli(replica, "cluster", "failover", "takeover")
@@ -317,6 +324,7 @@ class PrivateRedisCluster:
     def destroy(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
                 process.kill()
                 process.wait(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)
