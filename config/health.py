@@ -109,10 +109,11 @@ def _migrations() -> None:
 
 
 def _redis_ping(url: str) -> None:
-    import redis
+    from admission.coordination.clients import sync_client
 
     timeout = float(settings.SLUICE_HEALTH_TIMEOUT_SECONDS)
-    client = redis.Redis.from_url(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    # One server, or a Redis Cluster (`redis+cluster://`: every primary must answer).
+    client = sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     try:
         client.ping()
     finally:

@@ -22,10 +22,20 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
+from redis.retry import Retry
 
+from admission.coordination.clients import (
+    AsyncClient,
+    SyncClient,
+    async_client,
+    is_cluster,
+    registry_key,
+    route_key,
+    slot_of,
+    sync_client,
+)
 from admission.coordination.controller import CoordinatedController
 from admission.coordination.protocol import (
     GRANT,
@@ -33,6 +43,7 @@ from admission.coordination.protocol import (
     CoordinationUnavailable,
     Header,
     Heartbeat,
+    HeartbeatResult,
     Message,
     Reassert,
     State,
@@ -81,14 +92,20 @@ class RedisCoordinator:
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         )
         self.on_stale = on_stale
-        self.epoch = ""
+        # The epoch of each workspace's shared state this process knows (see lib.lua).
+        self.epochs: dict[str, str] = {}
         self.live_processes: int | None = None
         self.last_renewal = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: aioredis.Redis | None = None
-        self._listen_client: aioredis.Redis | None = None
-        self._sync_client: redis.Redis | None = None
+        self._cluster = is_cluster(settings.url)
+        self._client: AsyncClient | None = None
+        self._listen_client: AsyncClient | None = None
+        self._sync_client: SyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Grant listeners by hash slot (one slot, None, on a single Redis), and the workspaces
+        # whose grant lists each one watches.
+        self._listeners: dict[int | None, asyncio.Task[None]] = {}
+        self._watched: dict[int | None, set[str]] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._resync_lock: asyncio.Lock | None = None
         self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
@@ -98,9 +115,11 @@ class RedisCoordinator:
         self.local_counts: dict[str, Counter[tuple[str, str, str]]] = {}
         # Function calls by name (benchmarks and tests count round trips per decision).
         self.round_trips: Counter[str] = Counter()
-        # Heartbeat has registered this process; workspaces it is registered in (P:pw).
+        # Heartbeat has registered this process; workspaces it is registered in (P:{ws}:procs),
+        # and every workspace it has acted in (its heartbeat renews its lease in each).
         self._announced = False
         self._registered: set[str] = set()
+        self._acting: set[str] = set()
         self._closed = False
 
     @property
@@ -118,12 +137,14 @@ class RedisCoordinator:
 
     def note_registered(self, workspace_id: str) -> None:
         self._registered.add(workspace_id)
+        self._acting.add(workspace_id)
 
     # ------------------------------------------------------------------ factory
 
     def controller(self, registry: AdmissionRegistry, profile: Profile) -> CoordinatedController:
         controller = CoordinatedController(registry, profile, self)
         self.controllers[profile.workspace_id] = controller
+        self._watch(profile.workspace_id)
         return controller
 
     # ---------------------------------------------------------------- lifecycle
@@ -148,8 +169,8 @@ class RedisCoordinator:
         if self._closed:
             raise RuntimeError("this coordinator was closed")
         timeout = self.settings.timeout_ms / 1000.0
-        no_retry = Retry(NoBackoff(), 0)
-        self._client = aioredis.Redis.from_url(
+        no_retry = AsyncRetry(NoBackoff(), 0)
+        self._client = async_client(
             self.settings.url,
             max_connections=POOL_CONNECTIONS,
             socket_timeout=timeout,
@@ -158,7 +179,7 @@ class RedisCoordinator:
         )
         # Callers beyond the pool's size wait their turn here (cheaper than a blocking pool).
         self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
-        self._listen_client = aioredis.Redis.from_url(
+        self._listen_client = async_client(
             self.settings.url,
             socket_timeout=LISTEN_BLOCK_SECONDS + max(timeout, 1.0),
             socket_connect_timeout=timeout,
@@ -168,18 +189,22 @@ class RedisCoordinator:
         self._loop = loop
         self._tasks = [
             loop.create_task(self._heartbeat_loop(), name="sluice-admission-heartbeat"),
-            loop.create_task(self._listen_loop(), name="sluice-admission-grants"),
         ]
+        self._listeners = {}
+        for group in self._watched:
+            self._start_listener(group)
 
     async def aclose(self) -> None:
         """Stop the heartbeat and the listener and close the clients (tests, shutdown)."""
         self._closed = True
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks = []
+        self._listeners = {}
         if self._background:
             # Writes in flight get a bounded time to land; a shutdown never waits on Redis forever
             # (a lease left behind lapses by itself).
@@ -254,9 +279,12 @@ class RedisCoordinator:
             await self._heartbeat()
         assert self._client is not None
         self.round_trips[name] += 1
-        arguments = [*self._header(workspace_id, self.epoch).pack(), *call.pack()]
+        if name == "reassert":
+            self._acting.add(workspace_id)
+        epoch = self.epochs.get(workspace_id, "")
+        arguments = [*self._header(workspace_id, epoch).pack(), *call.pack()]
         try:
-            raw = await self._fcall(name, arguments)
+            raw = await self._fcall(name, route_key(self.settings.prefix, workspace_id), arguments)
         except redis.ResponseError as error:
             # A function that fails is a bug, not an outage: say so loudly, and fail closed.
             logger.error("admission function %s failed: %s", name, error)
@@ -266,38 +294,45 @@ class RedisCoordinator:
         result: dict[str, Any] = json.loads(raw)
         self.last_renewal = time.monotonic()
         if result.get("st") == "epoch":
-            await self.resync(str(result["ep"]))
+            await self.resync(workspace_id, str(result["ep"]))
             return await self._call_raw(workspace_id, call)
-        self._note_epoch(result)
+        self._note_epoch(workspace_id, result)
         return result
 
-    async def _fcall(self, name: str, arguments: list[Any]) -> Any:
+    async def _fcall(self, name: str, key: str, arguments: list[Any]) -> Any:
+        """One function call naming `key` (the hash slot it acts in, for a cluster's routing)."""
         client = self._client
         assert client is not None
         reconnected = loaded = False
         while True:
             try:
                 async with self._slots:
-                    return await client.fcall(function_name(name), 0, *arguments)
+                    return await client.fcall(function_name(name), 1, key, *arguments)
             except (redis.ConnectionError, ConnectionError):
                 if reconnected:
                     raise
                 # Pooled connections die together (Redis restarted, the network blinked): drop
-                # them all and try once more on a fresh one. Every function is safe to repeat.
+                # them all and try once more on a fresh one. Every function is safe to repeat. A
+                # cluster client renews its connections (and its map of the slots) by itself.
                 reconnected = True
-                await client.connection_pool.disconnect()
+                if isinstance(client, redis.asyncio.Redis):
+                    await client.connection_pool.disconnect()
             except redis.ResponseError as error:
                 if loaded or not is_missing_function(error):
                     raise
-                # A Redis that restarted has lost the library: load it, then call again.
+                # A Redis that restarted has lost the library: load it (on a cluster, on every
+                # primary), then call again.
                 loaded = True
                 await client.function_load(library_code(), replace=True)
 
-    def _sync(self) -> redis.Redis:
+    def _sync(self) -> SyncClient:
         if self._sync_client is None:
             timeout = max(self.settings.timeout_ms / 1000.0, 1.0)
-            self._sync_client = redis.Redis.from_url(
-                self.settings.url, socket_timeout=timeout, socket_connect_timeout=timeout
+            self._sync_client = sync_client(
+                self.settings.url,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=Retry(NoBackoff(), 0),
             )
         return self._sync_client
 
@@ -308,14 +343,15 @@ class RedisCoordinator:
         # A synchronous caller cannot re-assert permits; it speaks for no epoch.
         header = self._header(workspace_id, "").pack()
         args = call.pack()
+        key = route_key(self.settings.prefix, workspace_id)
         try:
             try:
-                raw = client.fcall(function_name(name), 0, *header, *args)
+                raw = client.fcall(function_name(name), 1, key, *header, *args)
             except redis.ResponseError as error:
                 if not is_missing_function(error):
                     raise
                 client.function_load(library_code(), replace=True)
-                raw = client.fcall(function_name(name), 0, *header, *args)
+                raw = client.fcall(function_name(name), 1, key, *header, *args)
         except (redis.RedisError, OSError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         return call.parse(json.loads(raw))
@@ -324,10 +360,16 @@ class RedisCoordinator:
         """How many processes hold an unexpired lease on the shared state now (operators'
         views). Raises `CoordinationUnavailable`."""
         client = self._sync()
+        key = registry_key(self.settings.prefix)
         try:
-            seconds, micros = client.time()
+            if isinstance(client, redis.Redis):
+                seconds, micros = client.time()
+            else:
+                # The server clock of the registry's own node.
+                node = client.get_node_from_key(key)
+                seconds, micros = client.time(target_nodes=node)
             now_ms = seconds * 1000 + micros / 1000.0
-            return int(client.zcount(f"{self.settings.prefix}:procs", f"({now_ms}", "+inf"))
+            return int(client.zcount(key, f"({now_ms}", "+inf"))
         except (redis.RedisError, OSError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
 
@@ -351,33 +393,42 @@ class RedisCoordinator:
         result["transitions"] = [json.loads(item) for item in result.get("transitions") or ()]
         return result
 
-    def _note_epoch(self, result: dict[str, Any]) -> None:
+    def _note_epoch(self, workspace_id: str, result: dict[str, Any]) -> None:
         epoch = result.get("ep")
-        if epoch and not self.epoch:
-            self.epoch = str(epoch)
+        if epoch and workspace_id and workspace_id not in self.epochs:
+            self.epochs[workspace_id] = str(epoch)
 
-    async def resync(self, epoch: str) -> None:
-        """The shared state was lost (or this process was given up for dead): put back the
-        permits this process still holds and queue its waiters again, then go on."""
+    async def resync(self, workspace_id: str, epoch: str) -> None:
+        """A workspace's shared state was lost (Redis restarted, or a replica took over from a
+        failed primary): put back the permits this process still holds there and queue its
+        waiters there again, then go on."""
         assert self._resync_lock is not None
         async with self._resync_lock:
-            if epoch == self.epoch:
+            known = self.epochs.get(workspace_id)
+            if epoch == known:
                 return
+            records = self.book.lease_records().get(workspace_id, [])
+            waiters = [w for w in self.book.waiters() if w.owner.workspace_id == workspace_id]
             logger.warning(
-                "admission state in Redis was reset (epoch %s -> %s); re-asserting %d lease(s) "
-                "and %d waiter(s)",
-                self.epoch or "-",
+                "admission state of workspace %s in Redis was reset (epoch %s -> %s); "
+                "re-asserting %d lease(s) and %d waiter(s)",
+                workspace_id,
+                known or "-",
                 epoch,
-                self.book.lease_count,
-                self.book.waiter_count,
+                len(records),
+                len(waiters),
             )
-            self.epoch = epoch
-            self._registered.clear()
-            await self._reassert()
-            self.book.requeue_all()
+            self.epochs[workspace_id] = epoch
+            self._registered.discard(workspace_id)
+            # Always called: it also gives back what the state kept of permits this process
+            # released meanwhile (a promoted replica may lack the release).
+            await self.call(workspace_id, Reassert(tuple(records)))
+            for waiter in waiters:
+                waiter.owner.requeue(waiter)
 
-    async def _reassert(self) -> None:
-        for workspace_id, records in self.book.lease_records().items():
+    async def _reassert(self, workspace_id: str) -> None:
+        records = self.book.lease_records().get(workspace_id)
+        if records:
             await self.call(workspace_id, Reassert(tuple(records)))
 
     # ---------------------------------------------------------------- background
@@ -395,20 +446,81 @@ class RedisCoordinator:
                 logger.exception("admission heartbeat failed")
             await asyncio.sleep(interval)
 
+    def _group(self, key: str) -> int | None:
+        """The hash slot of a key on a cluster; None on a single Redis (one group for all)."""
+        return slot_of(key) if self._cluster else None
+
     async def _heartbeat(self) -> None:
+        prefix = self.settings.prefix
         counts = {ws: dict(counter) for ws, counter in self.local_counts.items() if counter}
         self.local_counts = {}
         settled_before = time.monotonic() - 2 * self.settings.heartbeat_ms / 1000.0
         audit = self.book.auditable(settled_before)
-        try:
-            result = await self.call("", Heartbeat(counts, audit))
-        except CoordinationUnavailable:
-            # Keep what was not reported for the next beat.
-            for ws, counter in counts.items():
-                self.local_counts.setdefault(ws, Counter()).update(counter)
-            raise
+        # One call per hash slot (one call in all on a single Redis).
+        groups: dict[int | None, Heartbeat] = {}
+
+        def group(key: str) -> Heartbeat:
+            slot = self._group(key)
+            beat = groups.get(slot)
+            if beat is None:
+                beat = groups[slot] = Heartbeat({}, {}, {}, registry=False, key=key)
+            return beat
+
+        group(registry_key(prefix)).registry = True
+        for ws in sorted(self._acting):
+            group(route_key(prefix, ws)).epochs[ws] = self.epochs.get(ws, "")
+        for ws, by_label in counts.items():
+            group(route_key(prefix, ws)).counts[ws] = by_label
+        for ws, ids in audit.items():
+            group(route_key(prefix, ws)).audit[ws] = ids
+        outcomes = await asyncio.gather(
+            *(self._heartbeat_call(beat) for beat in groups.values()), return_exceptions=True
+        )
+        failure: BaseException | None = None
+        for beat, outcome in zip(groups.values(), outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                failure = outcome
+                # Keep what was not reported for the next beat.
+                for ws, by_label in beat.counts.items():
+                    self.local_counts.setdefault(ws, Counter()).update(by_label)
+                continue
+            await self._heartbeat_answered(outcome, settled_before)
+        if failure is not None:
+            raise failure
         self._announced = True
-        self.live_processes = result.live
+
+    async def _heartbeat_call(self, beat: Heartbeat) -> HeartbeatResult:
+        self._bind()
+        self.round_trips["heartbeat"] += 1
+        arguments = [*self._header("", "").pack(), *beat.pack()]
+        try:
+            raw = await self._fcall("heartbeat", beat.key, arguments)
+        except redis.ResponseError as error:
+            logger.error("admission function heartbeat failed: %s", error)
+            raise CoordinationUnavailable(f"function heartbeat failed: {error}") from error
+        except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
+            raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
+        self.last_renewal = time.monotonic()
+        return beat.parse(json.loads(raw))
+
+    async def _heartbeat_answered(self, result: HeartbeatResult, settled_before: float) -> None:
+        if result.live is not None:
+            self.live_processes = result.live
+        for ws, (epoch, reborn) in result.workspaces.items():
+            known = self.epochs.get(ws)
+            if known is None:
+                self.epochs[ws] = epoch
+            elif known != epoch:
+                await self.resync(ws, epoch)
+            elif reborn and self.book.lease_records().get(ws):
+                # This process had been given up for dead here (its lease lapsed): its permits
+                # were returned to the pool, so it puts back the ones it still holds.
+                logger.warning(
+                    "admission lease of this process in workspace %s had lapsed; "
+                    "re-asserting permits",
+                    ws,
+                )
+                await self._reassert(ws)
         for entry in result.audit:
             waiter = self.book.waiter(entry.waiter_id)
             if waiter is None or not waiter.auditable(settled_before):
@@ -419,13 +531,6 @@ class RedisCoordinator:
             else:
                 logger.warning("waiter %s is no longer queued in Redis; queueing again", waiter.id)
                 waiter.owner.requeue(waiter)
-        if result.reborn:
-            self._registered.clear()
-        if result.reborn and self.book.lease_count:
-            # This process had been given up for dead (its lease lapsed): its permits were
-            # returned to the pool, so it puts back the ones it still holds.
-            logger.warning("admission lease of this process had lapsed; re-asserting permits")
-            await self._reassert()
 
     def _doubt_leases(self) -> None:
         """Without a renewal for most of the lease TTL, stop the calls those permits cover."""
@@ -434,21 +539,73 @@ class RedisCoordinator:
             return
         self.book.doubt_leases()
 
-    async def _listen_loop(self) -> None:
-        key = f"{self.settings.prefix}:g:{self.process_id}"
+    # ------------------------------------------------------------------ grants
+
+    def _grant_key(self, workspace_id: str) -> str:
+        return f"{self.settings.prefix}:{{{workspace_id}}}:g:{self.process_id}"
+
+    def _watch(self, workspace_id: str) -> None:
+        """Listen for grants for this process's waiters in the workspace (its controller was
+        created): one listener per hash slot, blocked on the grant lists of its workspaces."""
+        group = self._group(route_key(self.settings.prefix, workspace_id))
+        watched = self._watched.setdefault(group, set())
+        if workspace_id in watched:
+            return
+        before = sorted(watched)
+        watched.add(workspace_id)
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # the listeners start with the loop (`_bind`)
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._watch_in_loop(group, before)
+        else:
+            loop.call_soon_threadsafe(self._watch_in_loop, group, before)
+
+    def _watch_in_loop(self, group: int | None, before: list[str]) -> None:
+        if self._closed:
+            return
+        task = self._listeners.get(group)
+        if task is None or task.done():
+            self._start_listener(group)
+        elif before:
+            # The listener blocks on the lists it knew: an empty item wakes it to take the new
+            # one in.
+            self.background(self._poke(self._grant_key(before[0])))
+
+    async def _poke(self, key: str) -> None:
+        client = self._listen_client
+        if client is None:
+            return
+        with contextlib.suppress(redis.RedisError, OSError):
+            await client.rpush(key, "")
+            await client.pexpire(key, 2 * self.settings.lease_ttl_ms)
+
+    def _start_listener(self, group: int | None) -> None:
+        loop = self._loop
+        assert loop is not None
+        task = loop.create_task(self._listen_loop(group), name="sluice-admission-grants")
+        self._listeners[group] = task
+        self._tasks.append(task)
+
+    async def _listen_loop(self, group: int | None) -> None:
         # A cancellation swallowed by a client timeout must not keep a closed loop alive.
         while not self._closed:
             client = self._listen_client
             if client is None:
                 return
+            keys = [self._grant_key(ws) for ws in sorted(self._watched.get(group, ()))]
             try:
-                item = await client.blpop([key], timeout=LISTEN_BLOCK_SECONDS)
+                item = await client.blpop(keys, timeout=LISTEN_BLOCK_SECONDS)
             except Exception as error:
                 # Whatever broke the connection, the listener must live on: waiters depend on it.
                 logger.debug("admission grant listener: %s: %s", type(error).__name__, error)
                 await asyncio.sleep(self.settings.heartbeat_ms / 1000.0)
                 continue
-            if item is None:
+            if item is None or not item[1]:
                 continue
             try:
                 self._deliver(Message.decode(item[1]))

@@ -241,16 +241,20 @@ class Written:
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatResult:
-    live: int
-    # The process had been given up for dead: its permits went back to the pools.
-    reborn: bool
+    # Live processes in the deployment's registry (None: the registry was not in this call).
+    live: int | None
+    # Workspace -> (its epoch, whether this process had been given up for dead there: its
+    # permits there went back to the pools).
+    workspaces: dict[str, tuple[str, bool]]
     audit: list[Message]
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> HeartbeatResult:
+        live = raw.get("live")
+        spaces = raw.get("ws") or {}
         return cls(
-            int(raw.get("live") or 1),
-            bool(raw.get("nb")),
+            None if live is None else int(live),
+            {ws: (str(entry["ep"]), bool(entry.get("nb"))) for ws, entry in spaces.items()},
             [Message.parse(entry) for entry in raw.get("audit") or ()],
         )
 
@@ -499,22 +503,35 @@ class Reassert(Call[ReassertResult]):
         return ReassertResult.parse(raw)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Heartbeat(Call[HeartbeatResult]):
-    """Renew this process's lease, report local decision counts, audit long waiters."""
+    """Renew this process's lease in the workspaces it acts in, report local decision counts,
+    audit long waiters. Every workspace named lies in the hash slot of `key` (on a cluster, one
+    call per slot)."""
 
     entry: ClassVar[str] = "heartbeat"
+    # workspace -> the epoch of its state this process knows ('' if none).
+    epochs: dict[str, str]
     # workspace -> {(provider, decision, reason): count} of decisions made without a round trip.
     counts: dict[str, dict[tuple[str, str, str], int]]
     # workspace -> ids of this process's waiters that have waited a while.
     audit: dict[str, list[str]]
+    # Renew the lease in the deployment's registry too (and count live processes).
+    registry: bool = True
+    # A key of the hash slot the call acts in (routing).
+    key: str = ""
 
     def pack(self) -> list[Any]:
         counts = {
             workspace: {"\t".join(label): n for label, n in by_label.items()}
             for workspace, by_label in self.counts.items()
         }
-        return [_compact(counts), _compact(self.audit)]
+        return [
+            _compact(self.epochs),
+            _compact(counts),
+            _compact(self.audit),
+            "1" if self.registry else "",
+        ]
 
     def parse(self, raw: dict[str, Any]) -> HeartbeatResult:
         return HeartbeatResult.parse(raw)

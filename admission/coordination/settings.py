@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from admission.coordination.clients import SCHEMES
+
 FAIL_CLOSED = "fail-closed"
 DEGRADED = "degraded"
 FAILURE_MODES = (FAIL_CLOSED, DEGRADED)
@@ -19,6 +21,8 @@ class CoordinationSettings:
       admission waits this long so every live process puts back the permits it still holds.
     - `timeout_ms`: the longest one round trip may take before the attempt is refused as
       `coordination-unavailable`.
+    - `url`: one Redis server, or a Redis Cluster as `redis+cluster://host:port` (see
+      clients.py).
     - `on_failure`: `fail-closed` refuses while Redis is unreachable; `degraded` admits locally
       under each limit divided by the number of live worker processes last seen.
     """
@@ -35,9 +39,10 @@ class CoordinationSettings:
     expected_processes: int = 1
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+        if not self.url.startswith(SCHEMES):
             raise ValueError(
-                "the admission Redis URL must start with redis://, rediss:// or unix://"
+                "the admission Redis URL must start with redis://, rediss://, unix:// or (a "
+                "Redis Cluster) redis+cluster:// or rediss+cluster://"
             )
         if self.on_failure not in FAILURE_MODES:
             raise ValueError(f"on_failure must be one of {', '.join(FAILURE_MODES)}")

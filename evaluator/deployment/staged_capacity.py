@@ -61,10 +61,11 @@ class RedisSlots:
 
     async def take(self, ttl_ms: int) -> str:
         if self._client is None:
-            import redis.asyncio as aioredis
+            from admission.coordination.clients import async_client
 
-            # Created on the run's own loop, where every call of the run awaits it.
-            self._client = aioredis.Redis.from_url(self._url)
+            # Created on the run's own loop, where every call of the run awaits it (one Redis
+            # or a Redis Cluster: the key names its slot).
+            self._client = async_client(self._url)
             self._take = self._client.register_script(_TAKE)
         token = secrets.token_hex(8)
         while not await self._take(keys=[self._key], args=[self._limit, token, ttl_ms]):

@@ -4,6 +4,7 @@ a receipt left by the v2 release still resumes."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -330,38 +331,48 @@ def crash_ruleset(decisions):
     return {"id": "crashes", "decisions": docs}
 
 
-def run_with_crashes(decisions, ceiling, crashes):
+def run_with_crashes(decisions, ceiling, crashes, *, store=None, invocation_id="inv-crashes"):
     """Run to the end, stopping at each ``(write number, applied)`` of ``crashes`` in turn and
-    resuming from the durable receipt; returns the result, the fake adapter and the slots that
-    were pending in the durable receipt at each stop."""
+    resuming from the durable receipt (in ``store``, a fresh ``InMemoryReceiptStore`` when None);
+    returns the result, the fake adapter, the slots that were pending in the durable receipt at
+    each stop and the final document."""
     script = {f"d{i}": list(spec["steps"]) for i, spec in enumerate(decisions)}
 
     async def main(loop):
         registry = registry_with(loop, eight_everywhere())
         fake = FakeAdapter(script, default=FakeStep(latency_ms=5))
-        inner = InMemoryReceiptStore()
+        inner = InMemoryReceiptStore() if store is None else store
         req = request(
             crash_ruleset(decisions),
-            invocationId="inv-crashes",
+            invocationId=invocation_id,
             scheduler={"enabled": True, "bindingConcurrency": ceiling},
         )
         stops = []
         for crash_at, applied in crashes:
-            store = CrashingStore(inner, crash_at, applied)
+            crashing = CrashingStore(inner, crash_at, applied)
             try:
                 result = await evaluate_decision_ruleset(
-                    req, registry=registry, adapters={"fake": fake}, receipt_store=store
+                    req, registry=registry, adapters={"fake": fake}, receipt_store=crashing
                 )
             except SimulatedCrash:
-                stops.append(pending_slots(store.crashed) if store.crashed else [])
+                stops.append(pending_slots(crashing.crashed) if crashing.crashed else [])
                 continue
-            return result, fake, stops, inner.document(key_of(req))
+            return result, fake, stops, await inner.load(key_of(req))
         result = await evaluate_decision_ruleset(
             req, registry=registry, adapters={"fake": fake}, receipt_store=inner
         )
-        return result, fake, stops, inner.document(key_of(req))
+        return result, fake, stops, await inner.load(key_of(req))
 
     return run_virtual(main)
+
+
+CRASH_CASES = {
+    "decisions": st.lists(DECISION, min_size=1, max_size=8),
+    "ceiling": st.integers(min_value=1, max_value=8),
+    "crashes": st.lists(
+        st.tuples(st.integers(min_value=1, max_value=12), st.booleans()), max_size=6
+    ),
+}
 
 
 @settings(
@@ -370,22 +381,53 @@ def run_with_crashes(decisions, ceiling, crashes):
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
 )
-@given(
-    decisions=st.lists(DECISION, min_size=1, max_size=8),
-    ceiling=st.integers(min_value=1, max_value=8),
-    crashes=st.lists(st.tuples(st.integers(min_value=1, max_value=12), st.booleans()), max_size=6),
-)
+@given(**CRASH_CASES)
 def test_CNC_RECEIPT_V3_006_property_a_crash_at_any_write_never_sends_an_attempt_twice(
     decisions, ceiling, crashes
 ):
     uninterrupted, _, _, _ = run_with_crashes(decisions, ceiling, [])
-    result, fake, stops, document = run_with_crashes(decisions, ceiling, crashes)
+    check_crash_run(len(decisions), uninterrupted, *run_with_crashes(decisions, ceiling, crashes))
 
+
+DATABASE_EXAMPLES = itertools.count()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@settings(
+    max_examples=60,
+    deadline=None,
+    # One database for every example: each example's runs use invocation ids of their own.
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
+@given(**CRASH_CASES)
+def test_CNC_RECEIPT_V3_006_property_a_crash_on_postgresql_never_sends_an_attempt_twice(
+    decisions, ceiling, crashes
+):
+    from evaluator.worker.receipts_db import DatabaseReceiptStore
+
+    example = next(DATABASE_EXAMPLES)
+    store = DatabaseReceiptStore()
+    try:
+        uninterrupted, _, _, _ = run_with_crashes(
+            decisions, ceiling, [], store=store, invocation_id=f"inv-pg-{example}-whole"
+        )
+        crashed = run_with_crashes(
+            decisions, ceiling, crashes, store=store, invocation_id=f"inv-pg-{example}-crashes"
+        )
+    finally:
+        run_virtual(lambda loop: close(store))
+    check_crash_run(len(decisions), uninterrupted, *crashed)
+
+
+def check_crash_run(decisions, uninterrupted, result, fake, stops, document):
+    """What a run stopped and resumed at any writes must show against the same run whole."""
     sent = [(call.decision_id, call.model, call.attempt) for call in fake.calls]
     assert len(sent) == len(set(sent)), "an attempt reached the adapter twice"
     assert result.status == "completed" and document["state"] == "completed"
     assert document["pendingDispatches"] == []
-    assert [d.decision_id for d in result.decisions] == [f"d{i}" for i in range(len(decisions))]
+    assert [d.decision_id for d in result.decisions] == [f"d{i}" for i in range(decisions)]
 
     uncertain = {}
     for slots in stops:

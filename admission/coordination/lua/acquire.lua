@@ -95,11 +95,11 @@ for _, s in ipairs({sp, sw, sv, sx}) do
   s.q = s.q + 1
   touch(s)
 end
-if not REGISTERED then redis.call('SADD', PFX .. ':pw:' .. PROC, WS) end
+if not REGISTERED then heartbeat() end
 if at ~= nil then
-  local known = redis.call('ZSCORE', WAKES, WS)
+  local known = redis.call('HGET', META, 'wk')
   if known == false or tonumber(known) > at then
-    redis.call('ZADD', WAKES, string.format('%.17g', at), WS)
+    redis.call('HSET', META, 'wk', string.format('%.17g', at))
   end
 end
 if reason ~= nil then count(w.prov, 'defer', reason) end

@@ -1,28 +1,34 @@
--- A live process renews its lease, reaps dead processes and serves workspaces whose time-based
--- wake is due. Global: ARGV[2] is ''. ARGV from 9: JSON {workspace: {provider\tdecision\treason:
--- count}} of decisions made locally since the last heartbeat (they needed no round trip);
--- JSON {workspace: [waiter id]} of this process's waiters to audit: each one Redis no longer
--- queues comes back as granted (its grant message was lost) or lost (queue it again).
-local epoch, ready = epoch_check()
-if KNOWN_EPOCH ~= '' and KNOWN_EPOCH ~= epoch then
-  return cjson.encode({st = 'epoch', ep = epoch})
+-- A live process renews its lease in the workspaces it acts in, reaps dead processes there,
+-- and serves those whose time-based wake is due. ARGV[2] is ''; every workspace named lies in the
+-- hash slot of the key the caller declared (on a single Redis: any). ARGV from 9:
+--   9  JSON {workspace: epoch the caller knows ('' if none)}: renew, reap, pump when due;
+--   10 JSON {workspace: {provider\tdecision\treason: count}} of decisions made locally since the
+--      last heartbeat (they needed no round trip);
+--   11 JSON {workspace: [waiter id]} of this process's waiters to audit: each one Redis no longer
+--      queues comes back as granted (its grant message was lost) or lost (queue it again);
+--   12 '1' to renew the lease in the deployment's registry (P:{}:procs) and count live processes.
+local out = {st = 'ok', reaped = 0}
+local spaces = {}
+for ws, known in pairs(cjson.decode(ARGV[9])) do
+  use_ws(ws)
+  local epoch, ready = epoch_check()
+  local entry = {ep = epoch, ready = max(0, ready - NOW)}
+  entry.nb = heartbeat() and known ~= '' and known == epoch
+  out.reaped = out.reaped + reap()
+  local wake = tonumber(redis.call('HGET', META, 'wk'))
+  if wake ~= nil and wake <= NOW then pump() end
+  spaces[ws] = entry
 end
-local reborn = heartbeat()
-local reaped = reap()
-for ws, counts in pairs(cjson.decode(ARGV[9])) do
+out.ws = spaces
+for ws, counts in pairs(cjson.decode(ARGV[10])) do
   use_ws(ws)
   for label, n in pairs(counts) do
     local prov, decision, reason = string.match(label, '^(.*)\t([^\t]*)\t([^\t]*)$')
     if prov ~= nil then count(prov, decision, reason, n) end
   end
 end
-local due = redis.call('ZRANGEBYSCORE', WAKES, '-inf', string.format('%.17g', NOW), 'LIMIT', 0, 16)
-for _, ws in ipairs(due) do
-  use_ws(ws)
-  if pump() == nil then redis.call('ZREM', WAKES, ws) end
-end
 local audit = {}
-for ws, ids in pairs(cjson.decode(ARGV[10])) do
+for ws, ids in pairs(cjson.decode(ARGV[11])) do
   use_ws(ws)
   for _, id in ipairs(ids) do
     if redis.call('HEXISTS', WAITERS, id) == 0 then
@@ -43,8 +49,12 @@ for ws, ids in pairs(cjson.decode(ARGV[10])) do
   end
 end
 flush()
-local live = redis.call('ZCOUNT', PROCS, string.format('%.17g', NOW), '+inf')
-local out = {st = 'ok', ep = epoch, nb = reborn, live = live, reaped = reaped,
-  ready = max(0, ready - NOW)}
+if ARGV[12] == '1' then
+  local registry = PFX .. ':{}:procs'
+  local stamp = string.format('%.17g', NOW)
+  redis.call('ZREMRANGEBYSCORE', registry, '-inf', stamp)
+  redis.call('ZADD', registry, string.format('%.17g', NOW + PROC_TTL), PROC)
+  out.live = redis.call('ZCOUNT', registry, stamp, '+inf')
+end
 if #audit > 0 then out.audit = audit end
 return cjson.encode(out)

@@ -3,20 +3,25 @@
 -- scripts.py, which assembles and names the library).
 --
 -- Arguments, the first eight the same for every function:
---   1 key prefix, 2 workspace id ('' for global scripts), 3 idle TTL of counters (ms),
+--   1 key prefix, 2 workspace id ('' for the heartbeat), 3 idle TTL of counters (ms),
 --   4 calling process id, 5 process lease TTL (ms), 6 epoch the caller knows ('' if none),
 --   7 recovery grace (ms) after the shared state was created, 8 invocation budget TTL (ms)
--- Entry-specific arguments start at ARGV[9]. Keys are built here from the prefix; the
--- library is for a single Redis server (or a primary with replicas), not Redis Cluster.
+-- Entry-specific arguments start at ARGV[9]. Keys are built here from the prefix.
 --
--- Key layout (one Redis, hash tag per workspace):
---   P:epoch                  hash  id, ready          the shared state's life; see epoch_check
---   P:procs                  zset  process -> lease expiry (server ms)
---   P:pw:<process>           set   workspaces where the process holds leases or waiters
---   P:g:<process>            list  grants and verdicts for that process's waiters (BLPOP)
---   P:wk                     zset  workspace -> next time-based wake (server ms)
+-- Every key a call touches lives in one hash slot: a workspace's keys carry its hash tag, and the
+-- deployment's process registry has a tag of its own (`{}`), so the state can be sharded across
+-- a Redis Cluster by workspace. The caller names one key of that slot (KEYS[1]) so a cluster
+-- client routes the call to the slot's primary; on a single Redis the key changes nothing.
+--
+-- Key layout:
+--   P:{}:procs               zset  process -> lease expiry (server ms): the deployment's registry
+--   P:{ws}:epoch             hash  id, ready, at      the workspace state's life (epoch_check);
+--                                                    never replicated, so a promoted replica or a
+--                                                    restarted Redis starts a new one
+--   P:{ws}:procs             zset  process -> lease expiry (server ms), processes acting here
+--   P:{ws}:g:<process>       list  grants and verdicts for that process's waiters (BLPOP)
 --   P:{ws}:prof              hash  rev, pseq, dg, W, V:<provider>, P:<principal>, rsv
---   P:{ws}:meta              hash  rr (rotation counter)
+--   P:{ws}:meta              hash  rr (rotation counter), wk (next time-based wake, server ms)
 --   P:{ws}:s:W | s:P:<id> | s:V:<id> | s:X:<provider>:<principal>
 --                            hash  a (active) q (queued) rl rt (request bucket level, time)
 --                                  tl tt (token bucket) h ht (token holder, its tokens)
@@ -35,8 +40,8 @@
 
 -- The arguments and the time of the call being served; `begin` sets them for every call.
 local ARGV, PFX, IDLE_TTL, PROC, PROC_TTL, KNOWN_EPOCH, GRACE, BUDGET_TTL, NOW
-local EPOCH_KEY, PROCS, WAKES
--- Set by an entry when its caller has this workspace in P:pw:<process> already.
+local EPOCH_KEY, PROCS
+-- Set by an entry when its caller is in this workspace's P:{ws}:procs already.
 local REGISTERED = false
 
 local EPS = 1e-9
@@ -107,7 +112,10 @@ local function use_ws(ws)
   ROT = BASE .. 'rot'
   TRANS = BASE .. 'bt'
   OFFERS = BASE .. 'off'
+  EPOCH_KEY = BASE .. 'epoch'
+  PROCS = BASE .. 'procs'
   LIM, SC, BUD = {}, {}, {}
+  ALIVE = {}
 end
 
 -- A call starts from nothing: no state is carried from one call to the next.
@@ -124,9 +132,7 @@ local function begin(args)
   GRANT_TTL = PROC_TTL / 2
   local t = redis.call('TIME')
   NOW = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
-  EPOCH_KEY = PFX .. ':epoch'
-  PROCS = PFX .. ':procs'
-  WAKES = PFX .. ':wk'
+  EPOCH_KEY, PROCS = nil, nil
   REGISTERED = false
   WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil, nil
   OFFERS = nil
@@ -137,18 +143,29 @@ end
 
 -- ------------------------------------------------------------------ epoch and processes
 
--- The shared state has a life (an epoch). When Redis loses it (a restart without
--- persistence), the first script creates a new epoch and admission waits GRACE ms, so that
--- every live process sees the new epoch and re-asserts the permits it still holds first.
+-- A workspace's shared state has a life (an epoch). When Redis loses it (a restart without
+-- persistence, or a replica promoted after its primary failed, which may lack the primary's last
+-- writes), the first call creates a new epoch and admission in the workspace waits GRACE ms, so
+-- that every live process sees the new epoch and re-asserts the permits it still holds first.
+-- The epoch is written on this server only (never replicated nor persisted): a promoted replica
+-- has none, so it starts a new one.
 local function epoch_check()
   local stored = redis.call('HMGET', EPOCH_KEY, 'id', 'ready')
   local id, ready = stored[1], tonumber(stored[2]) or 0
   if not id then
     id = PROC .. '@' .. string.format('%.0f', NOW)
     ready = NOW + GRACE
-    redis.call('HSET', EPOCH_KEY, 'id', id, 'ready', string.format('%.17g', ready))
+    redis.set_repl(redis.REPL_NONE)
+    redis.call('HSET', EPOCH_KEY, 'id', id, 'ready', string.format('%.17g', ready),
+      'at', string.format('%.17g', NOW))
+    redis.set_repl(redis.REPL_ALL)
   end
   return id, ready
+end
+
+-- When the current epoch began (server ms).
+local function epoch_began()
+  return tonumber(redis.call('HGET', EPOCH_KEY, 'at')) or 0
 end
 
 local function proc_alive(proc)
@@ -161,6 +178,8 @@ local function proc_alive(proc)
   return alive
 end
 
+-- The calling process acts in this workspace (until its lease here lapses). Returns true when
+-- it was not known here (a first call, or it had been given up for dead).
 local function heartbeat()
   local added = redis.call('ZADD', PROCS, string.format('%.17g', NOW + PROC_TTL), PROC)
   ALIVE[PROC] = true
@@ -534,8 +553,11 @@ local function admit(w, lp, lw, lv, offered)
     redis.call('ZADD', OFFERS, string.format('%.17g', lease.off), w.id)
   end
   redis.call('HSET', LEASES, w.id, cjson.encode(lease))
-  if w.proc ~= PROC or not REGISTERED then
-    redis.call('SADD', PFX .. ':pw:' .. w.proc, WS)
+  -- A waiter's process was registered here when it queued; the caller registers on its first
+  -- admission here (then its heartbeat renews it, and a reaper finds what it held).
+  if w.proc == PROC and not REGISTERED then
+    heartbeat()
+    REGISTERED = true
   end
   return evidence(w)
 end
@@ -560,7 +582,7 @@ local function dequeue(w)
 end
 
 local function notify(proc, message)
-  local key = PFX .. ':g:' .. proc
+  local key = BASE .. 'g:' .. proc
   redis.call('RPUSH', key, cjson.encode(message))
   redis.call('PEXPIRE', key, 2 * PROC_TTL)
 end
@@ -755,9 +777,9 @@ local function pump()
     if at ~= nil and (wake == nil or at < wake) then wake = at end
   end
   if wake ~= nil then
-    redis.call('ZADD', WAKES, string.format('%.17g', wake), WS)
+    redis.call('HSET', META, 'wk', string.format('%.17g', wake))
   else
-    redis.call('ZREM', WAKES, WS)
+    redis.call('HDEL', META, 'wk')
   end
   return wake
 end
@@ -776,23 +798,18 @@ local function reclaim_in_ws(dead)
   end
 end
 
--- Reap processes whose lease lapsed (a few per call). Returns to the caller's workspace.
+-- Reap processes whose lease in this workspace lapsed (a few per call): what they held here goes
+-- back, their waiters leave, and the lanes are served again. Returns how many were reaped.
 local function reap()
   local dead = redis.call('ZRANGEBYSCORE', PROCS, '-inf', string.format('%.17g', NOW), 'LIMIT', 0, 4)
   if #dead == 0 then return 0 end
-  local home = WS
   for _, proc in ipairs(dead) do
     ALIVE[proc] = false
-    local spaces = redis.call('SMEMBERS', PFX .. ':pw:' .. proc)
-    for _, ws in ipairs(spaces) do
-      use_ws(ws)
-      reclaim_in_ws(proc)
-      pump()
-    end
-    redis.call('DEL', PFX .. ':pw:' .. proc, PFX .. ':g:' .. proc)
+    reclaim_in_ws(proc)
+    redis.call('DEL', BASE .. 'g:' .. proc)
     redis.call('ZREM', PROCS, proc)
   end
-  if home ~= nil then use_ws(home) end
+  pump()
   return #dead
 end
 
@@ -801,9 +818,10 @@ local function reply(t)
   return cjson.encode(t)
 end
 
--- The common opening of a workspace script: epoch, then this process's heartbeat.
+-- The common opening of a workspace script: the workspace, then its epoch.
 -- Returns nil to go on, or a reply that ends the script.
 local function open_ws(check_ready)
+  use_ws(ARGV[2])
   local epoch, ready = epoch_check()
   if KNOWN_EPOCH ~= '' and KNOWN_EPOCH ~= epoch then
     return reply({st = 'epoch', ep = epoch})
@@ -811,6 +829,5 @@ local function open_ws(check_ready)
   if check_ready and NOW < ready then
     return reply({st = 'recovering', ep = epoch, wait = ready - NOW})
   end
-  use_ws(ARGV[2])
   return nil, epoch
 end

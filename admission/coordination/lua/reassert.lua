@@ -1,9 +1,26 @@
 -- After the shared state was lost, a process puts back the permits it still holds, before
--- admission resumes. ARGV from 9: JSON list of leases {id, pid, prov, bud, tok, cost}.
+-- admission resumes. ARGV from 9: JSON list of every lease {id, pid, prov, bud, tok, cost} the
+-- process holds in the workspace. A state that survived in part (a replica promoted without the
+-- primary's last writes) may still hold leases of this process made before the epoch began that
+-- the process gave back meanwhile: those go back to the pool.
 local done, epoch = open_ws(false)
 if done then return done end
-local restored = 0
-for _, lease in ipairs(cjson.decode(ARGV[9])) do
+local restored, dropped = 0, 0
+local held = {}
+for _, lease in ipairs(cjson.decode(ARGV[9])) do held[lease.id] = lease end
+local began = epoch_began()
+local stored = redis.call('HGETALL', LEASES)
+for i = 1, #stored, 2 do
+  local id = stored[i]
+  if held[id] == nil then
+    local lease = cjson.decode(stored[i + 1])
+    if lease.proc == PROC and lease.off == nil and (lease.at or 0) < began then
+      free_lease(id, lease, nil, nil, nil, nil)
+      dropped = dropped + 1
+    end
+  end
+end
+for _, lease in pairs(held) do
   if redis.call('HEXISTS', LEASES, lease.id) == 0 then
     local sv = scope(key_v(lease.prov))
     lease.proc = PROC
@@ -18,5 +35,6 @@ for _, lease in ipairs(cjson.decode(ARGV[9])) do
     restored = restored + 1
   end
 end
-redis.call('SADD', PFX .. ':pw:' .. PROC, WS)
-return reply({st = 'ok', ep = epoch, restored = restored})
+heartbeat()
+if dropped > 0 then pump() end
+return reply({st = 'ok', ep = epoch, restored = restored, dropped = dropped})
