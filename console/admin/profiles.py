@@ -56,6 +56,7 @@ from console.forms.profiles import (
     initial_proposal,
     runbook_url,
 )
+from console.templatetags.readable import readable_number
 from evaluator import comparisons
 from evaluator import selectors as evaluator_selectors
 from evaluator.models import LoadRun
@@ -1077,7 +1078,7 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
         "digest",
         "profile_digest",
         "at",
-        "at_epoch_ms",
+        "at_epoch_ms_readable",
         "actor",
         "approval",
         "rollback_request",
@@ -1085,6 +1086,11 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
         "record_json",
     )
     fields = readonly_fields
+
+    @admin.display(description="at epoch ms")
+    def at_epoch_ms_readable(self, obj: ProfileChangeRecord) -> str:
+        # Whole milliseconds for reading; the record's JSON below keeps the fraction.
+        return readable_number(round(obj.at_epoch_ms))
 
     @admin.display(description="at (UTC)", ordering="at")
     def when(self, obj: ProfileChangeRecord) -> str:

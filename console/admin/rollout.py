@@ -29,6 +29,7 @@ from console.forms.profiles import (
     RolloutCloseForm,
     ShadowStartForm,
 )
+from console.templatetags.readable import readable_number
 from evaluator import comparisons
 
 ACTIVE_LABEL = "active"
@@ -92,7 +93,7 @@ class RolloutEventAdmin(admin.ModelAdmin):
         "version",
         "session",
         "principals",
-        "fraction",
+        "fraction_readable",
         "reason",
         "actor",
         "at",
@@ -123,6 +124,10 @@ class RolloutEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description="fraction")
+    def fraction_readable(self, obj: RolloutEvent) -> str:
+        return "-" if obj.fraction is None else f"{readable_number(obj.fraction * 100)}% of runs"
 
     @admin.display(description="version")
     def version_label(self, obj: RolloutEvent) -> str:
