@@ -20,8 +20,8 @@ from django.utils.safestring import SafeString
 
 from admission import access, selectors
 from admission.models import RolloutEvent, Workspace
-from admission.services import profiles as services
 from admission.services import rollout
+from console.admin.kit import REFUSALS, report_refusal
 from console.charts import svg as charts
 from console.forms.profiles import (
     CanaryStartForm,
@@ -29,6 +29,7 @@ from console.forms.profiles import (
     RolloutCloseForm,
     ShadowStartForm,
 )
+from console.templatetags.readable import readable_number
 from evaluator import comparisons
 
 ACTIVE_LABEL = "active"
@@ -92,7 +93,7 @@ class RolloutEventAdmin(admin.ModelAdmin):
         "version",
         "session",
         "principals",
-        "fraction",
+        "fraction_readable",
         "reason",
         "actor",
         "at",
@@ -123,6 +124,10 @@ class RolloutEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    @admin.display(description="fraction")
+    def fraction_readable(self, obj: RolloutEvent) -> str:
+        return "-" if obj.fraction is None else f"{readable_number(obj.fraction * 100)}% of runs"
 
     @admin.display(description="version")
     def version_label(self, obj: RolloutEvent) -> str:
@@ -220,8 +225,8 @@ class RolloutEventAdmin(admin.ModelAdmin):
             if form.is_valid():
                 try:
                     done = self._perform(request, workspace, op, form)
-                except (services.ProfileServiceError, access.AccessDenied) as error:
-                    self.message_user(request, str(error), messages.ERROR)
+                except REFUSALS as error:
+                    report_refusal(self, request, error)
                 else:
                     self.message_user(request, done, messages.SUCCESS)
                     return HttpResponseRedirect(request.path)
