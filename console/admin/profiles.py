@@ -32,7 +32,6 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from admission import access, selectors
-from admission.core import InvalidProfileError
 from admission.models import (
     RUNBOOK_ID,
     ProfileApproval,
@@ -46,6 +45,7 @@ from admission.models import (
 from admission.profile_diff import LimitRow, limit_rows, limits_diff, zero_limit_count
 from admission.services import profiles as services
 from admission.services import rollout
+from console.admin.kit import REFUSALS, form_refusal, report_refusal
 from console.charts.load_runs import load_run_bounds, load_run_glance
 from console.forms.profiles import (
     ProfileDecisionForm,
@@ -60,7 +60,7 @@ from console.templatetags.readable import readable_number
 from evaluator import comparisons
 from evaluator import selectors as evaluator_selectors
 from evaluator.models import LoadRun
-from evaluator.services.runs import RunServiceError, load_run_submit
+from evaluator.services.runs import load_run_submit
 
 # The site's own name on every admin page (and the browser tab), not Django's.
 admin.site.site_header = "Sluice"
@@ -258,20 +258,8 @@ def _run_per_object(
     for obj in objects:
         try:
             done = operation(obj)
-        except (
-            services.ProfileServiceError,
-            InvalidProfileError,
-            RunServiceError,
-            access.AccessDenied,
-        ) as error:
-            message = str(error)
-            if isinstance(error, RunServiceError) and error.field:
-                message = f"{error.field}: {message}"
-            # Most refusals name the object already; say which one only when they do not.
-            if str(obj) not in message:
-                message = f"{obj}: {message}"
-            # A word first: the admin capitalises a message's first letter, not a key's.
-            model_admin.message_user(request, f"Refused: {message}", messages.ERROR)
+        except REFUSALS as error:
+            report_refusal(model_admin, request, error, about=obj)
         else:
             model_admin.message_user(request, done, messages.SUCCESS)
 
@@ -787,9 +775,8 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
                         version = services.profile_version_propose(
                             workspace=workspace, document=document, proposed_by=_operator(request)
                         )
-                    except (services.ProfileServiceError, InvalidProfileError) as error:
-                        for problem in getattr(error, "problems", [error]):
-                            form.add_error("document", str(problem))
+                    except REFUSALS as error:
+                        form_refusal(form, error)
                     else:
                         self.log_addition(request, version, [{"added": {}}])
                         self.message_user(

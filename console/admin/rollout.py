@@ -20,8 +20,8 @@ from django.utils.safestring import SafeString
 
 from admission import access, selectors
 from admission.models import RolloutEvent, Workspace
-from admission.services import profiles as services
 from admission.services import rollout
+from console.admin.kit import REFUSALS, report_refusal
 from console.charts import svg as charts
 from console.forms.profiles import (
     CanaryStartForm,
@@ -225,8 +225,8 @@ class RolloutEventAdmin(admin.ModelAdmin):
             if form.is_valid():
                 try:
                     done = self._perform(request, workspace, op, form)
-                except (services.ProfileServiceError, access.AccessDenied) as error:
-                    self.message_user(request, str(error), messages.ERROR)
+                except REFUSALS as error:
+                    report_refusal(self, request, error)
                 else:
                     self.message_user(request, done, messages.SUCCESS)
                     return HttpResponseRedirect(request.path)

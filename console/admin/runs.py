@@ -20,6 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from admission import access
+from console.admin.kit import REFUSALS, form_refusal, report_refusal
 from console.admin.profiles import (
     WORKSPACE_FILTER,
     NoEditAdminMixin,
@@ -88,8 +89,8 @@ class RunAdminMixin(NoEditAdminMixin):
         for run in queryset.select_related("workspace"):
             try:
                 done = cancel(run, request.user)
-            except services.RunServiceError as error:
-                model_admin.message_user(request, f"{run}: {error}", messages.ERROR)
+            except REFUSALS as error:
+                report_refusal(model_admin, request, error, about=run)
                 continue
             # Kept in the admin's change log too, beside the request on the row itself.
             model_admin.log_change(request, done, "Cancel requested.")
@@ -297,12 +298,8 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
                     run, _ = services.evaluation_run_submit(
                         form.cleaned_data["workspace"], request.user, form.cleaned_data["document"]
                     )
-                except services.BrokerUnavailable as error:
-                    form.add_error(None, str(error))
-                except services.RunServiceError as error:
-                    form.add_error(
-                        "document", f"{error.field}: {error}" if error.field else str(error)
-                    )
+                except REFUSALS as error:
+                    form_refusal(form, error, document="document")
                 else:
                     self.message_user(
                         request,
@@ -437,8 +434,8 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
                         form.cleaned_data["manifest"],
                         form.cleaned_data["target"],
                     )
-                except services.RunServiceError as error:
-                    form.add_error(error.field if error.field in form.fields else None, str(error))
+                except REFUSALS as error:
+                    form_refusal(form, error)
                 else:
                     self.message_user(request, f"Started {run}.", messages.SUCCESS)
                     return HttpResponseRedirect(
@@ -463,8 +460,8 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
                 run = services.load_run_submit(
                     previous.workspace, request.user, previous.manifest_name, previous.target
                 )
-            except services.RunServiceError as error:
-                self.message_user(request, f"{previous}: {error}", messages.ERROR)
+            except REFUSALS as error:
+                report_refusal(self, request, error, about=previous)
             else:
                 self.message_user(request, f"Started {run}.", messages.SUCCESS)
 
