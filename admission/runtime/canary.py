@@ -135,5 +135,10 @@ class CanaryRegistry:
     def shadow(self, workspace_id: str) -> None:
         return None
 
+    def decision_registries(self) -> tuple[AdmissionRegistry, AdmissionRegistry]:
+        """The registries a canary run's decisions are reported to: the canary's, then the
+        process registry (the shared pools)."""
+        return self._canary, self._active
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._canary, name)
