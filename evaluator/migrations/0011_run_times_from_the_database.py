@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('evaluator', '0009_receipt_schema_v3'),
+        ('evaluator', '0010_usage_days_and_deferral_reasons'),
     ]
 
     operations = [
