@@ -297,16 +297,12 @@ class WorkerProcess(models.Model):
         return f"worker {self.id}"
 
 
-class UsageHour(models.Model):
-    """What one principal's evaluations used of one provider in one workspace during one hour
-    (evaluator/services/usage.py): calls sent, the actual tokens and cost reconciled with admission,
-    admission decisions and queue delay. A run counts in the hour it finished. Principal ids
-    appear here and in the workspace's own access-controlled pages, never in metrics."""
+class UsageFigures(models.Model):
+    """What one principal's evaluations used of one provider in one workspace over a period
+    (evaluator/services/usage.py): calls sent, the actual tokens and cost reconciled with
+    admission, admission decisions by reason and queue delay. Principal ids appear here and in the
+    workspace's own access-controlled pages, never in metrics."""
 
-    workspace = models.ForeignKey(
-        "admission.Workspace", on_delete=models.CASCADE, related_name="usage_hours"
-    )
-    hour = models.DateTimeField()
     provider_id = models.CharField(max_length=128)
     principal_id = models.CharField(max_length=128)
     runs = models.PositiveIntegerField(default=0)
@@ -316,12 +312,26 @@ class UsageHour(models.Model):
     # Calls sent whose cost nobody knows (no price and no figure from the provider).
     unpriced_calls = models.PositiveIntegerField(default=0)
     admitted = models.PositiveIntegerField(default=0)
-    # Admitted after waiting in the admission queue (the reasons are on Live admission).
+    # Attempts that waited in the admission queue before their decision (admitted or not).
     deferred = models.PositiveIntegerField(default=0)
+    # Those attempts under each reason they were deferred for (one attempt may have several).
+    deferred_by_reason = models.JSONField(default=dict)
     refused = models.PositiveIntegerField(default=0)
     refused_by_reason = models.JSONField(default=dict)
     queue_delay_ms_sum = models.FloatField(default=0.0)
     queue_delay_ms_max = models.FloatField(default=0.0)
+
+    class Meta:
+        abstract = True
+
+
+class UsageHour(UsageFigures):
+    """Usage during one hour; a run counts in the hour it finished."""
+
+    workspace = models.ForeignKey(
+        "admission.Workspace", on_delete=models.CASCADE, related_name="usage_hours"
+    )
+    hour = models.DateTimeField()
 
     class Meta:
         ordering = ("hour", "provider_id", "principal_id")
@@ -335,3 +345,26 @@ class UsageHour(models.Model):
 
     def __str__(self) -> str:
         return f"usage {self.hour:%Y-%m-%d %H}h {self.provider_id}/{self.principal_id}"
+
+
+class UsageDay(UsageFigures):
+    """Usage during one UTC day (`day` is its midnight): the sum of that day's `UsageHour`
+    rows, written in the same transaction, so long ranges read 24 times fewer rows."""
+
+    workspace = models.ForeignKey(
+        "admission.Workspace", on_delete=models.CASCADE, related_name="usage_days"
+    )
+    day = models.DateTimeField()
+
+    class Meta:
+        ordering = ("day", "provider_id", "principal_id")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workspace", "day", "provider_id", "principal_id"],
+                name="evaluator_usage_day_unique",
+            )
+        ]
+        indexes = [models.Index(fields=["workspace", "day"], name="evaluator_usage_ws_day")]
+
+    def __str__(self) -> str:
+        return f"usage {self.day:%Y-%m-%d} {self.provider_id}/{self.principal_id}"

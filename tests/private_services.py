@@ -19,7 +19,7 @@ import pytest
 from tests.service.conftest import free_port
 from tests.service.conftest import wait_for as wait_until
 
-__all__ = ["PrivatePostgres", "PrivateRedis"]
+__all__ = ["PrivatePostgres", "PrivateRedis", "PrivateRedisCluster"]
 
 
 def answers(port: int) -> bool:
@@ -28,6 +28,20 @@ def answers(port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
+            found.append(int(entry.name))
+    return found
 
 
 def _postgres_bin() -> Path:
@@ -77,11 +91,44 @@ class PrivatePostgres:
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", log, "-w", "start")
         wait_until(lambda: answers(self.port), 30, "PostgreSQL to answer")
 
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: `fast` ends every session first, `immediate` just kills them (the
+        next start recovers from the write-ahead log, as after a crash)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
         wait_until(lambda: not answers(self.port), 30, "PostgreSQL to stop")
 
+    def processes(self) -> list[int]:
+        """The postmaster's pid followed by those of its children (backends and helpers)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        return [postmaster, *_children(postmaster)]
+
+    def pause(self) -> list[int]:
+        """Freeze the postmaster, then every backend and helper (SIGSTOP): connections stay
+        open and new ones wait in the listen queue, but nothing is answered. Returns the frozen
+        pids for `resume`."""
+        frozen = []
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+        # A backend forked between the listing and the postmaster's freeze is frozen too.
+        for pid in _children(frozen[0]):
+            if pid not in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    frozen.append(pid)
+        return frozen
+
+    @staticmethod
+    def resume(frozen: list[int]) -> None:
+        """Thaw what `pause` froze (SIGCONT), children first."""
+        for pid in reversed(frozen):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def destroy(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.resume(self.processes())
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -130,4 +177,154 @@ class PrivateRedis:
             self.process.send_signal(signal.SIGCONT)
             self.process.kill()
             self.process.wait(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """Free ports whose cluster bus ports (port + 10000) are free too."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port + 10000 > 65535 or port in ports:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
+
+
+class PrivateRedisCluster:
+    """A throwaway Redis Cluster on loopback: `primaries` primaries, each with one replica, no
+    persistence. A test may stop a primary (`kill`) and promote its replica (`promote`)."""
+
+    def __init__(self, primaries: int = 3, *, node_timeout_ms: int = 2000) -> None:
+        if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+            pytest.skip("no redis-server / redis-cli on this machine")
+        self.dir = Path(tempfile.mkdtemp(prefix="sluice-redis-cluster-"))
+        self.ports = _cluster_ports(2 * primaries)
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        try:
+            for port in self.ports:
+                self._start(port, node_timeout_ms)
+            nodes = [f"127.0.0.1:{port}" for port in self.ports]
+            subprocess.run(
+                [
+                    "redis-cli",
+                    "--cluster",
+                    "create",
+                    *nodes,
+                    "--cluster-replicas",
+                    "1",
+                    "--cluster-yes",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            for port in self.ports:
+                wait_until(lambda port=port: self._ok(port), 60, "the Redis Cluster to be ok")
+            # Every replica has finished its first sync (a promotion then loses nothing but the
+            # writes of its last moments).
+            wait_until(self._replicas_synced, 60, "the cluster's replicas to sync")
+        except BaseException:
+            self.destroy()
+            raise
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def _start(self, port: int, node_timeout_ms: int) -> None:
+        argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
+        argv += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
+        argv += ["--cluster-node-timeout", str(node_timeout_ms)]
+        argv += ["--save", "", "--appendonly", "no", "--dir", str(self.dir)]
+        log = str(self.dir / f"redis-{port}.log")
+        argv += ["--logfile", log]
+        self.processes[port] = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_until(lambda: answers(port), 30, "a cluster node to answer")
+
+    def cli(self, port: int, *argv: str) -> str:
+        done = subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *argv],
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        return done.stdout.decode("utf-8", "replace")
+
+    def _ok(self, port: int) -> bool:
+        return "cluster_state:ok" in self.cli(port, "cluster", "info")
+
+    def _replicas_synced(self) -> bool:
+        for port in self.live_ports():
+            info = self.cli(port, "info", "replication")
+            if "role:slave" in info and "master_link_status:up" not in info:
+                return False
+        return True
+
+    def live_ports(self) -> list[int]:
+        return [port for port, process in self.processes.items() if process.poll() is None]
+
+    def primaries(self) -> list[int]:
+        """Ports of the live primaries."""
+        return [port for port in self.live_ports() if self._role(port) == "master"]
+
+    def _role(self, port: int) -> str:
+        return self.cli(port, "role").split("\n", 1)[0].strip()
+
+    def primary_of(self, key: str) -> int:
+        """The port of the primary serving a key's hash slot now."""
+        from redis.cluster import key_slot
+
+        slot = key_slot(key.encode("utf-8"))
+        for line in self.cli(self.live_ports()[0], "cluster", "nodes").splitlines():
+            fields = line.split()
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for span in fields[8:]:
+                low, _, high = span.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    return int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        raise AssertionError(f"no primary serves slot {slot}")
+
+    def replica_of(self, primary: int) -> int:
+        node_id = self.cli(primary, "cluster", "myid").strip()
+        for line in self.cli(primary, "cluster", "nodes").splitlines():
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == node_id:
+                return int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        raise AssertionError(f"no replica of {primary}")
+
+    def kill(self, port: int) -> None:
+        """Stop a node at once (SIGKILL): it answers nothing and keeps nothing."""
+        process = self.processes[port]
+        process.kill()
+        process.wait(timeout=30)
+
+    def pause(self, port: int) -> None:
+        """Freeze a node (SIGSTOP): a replica then misses what its primary writes meanwhile."""
+        self.processes[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        self.processes[port].send_signal(signal.SIGCONT)
+
+    def promote(self, replica: int) -> None:
+        """Make a replica the primary of its slots now (its primary is gone: no agreement)."""
+        self.cli(replica, "cluster", "failover", "takeover")
+        wait_until(lambda: self._role(replica) == "master", 30, "the promotion")
+        for port in self.live_ports():
+            wait_until(lambda port=port: self._ok(port), 60, "the cluster to be ok again")
+
+    def destroy(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+                process.wait(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -22,6 +22,7 @@ from admission.core import (
 )
 from evaluator.engine.adapters.base import Adapter
 from evaluator.engine.attempts import TOTAL_DEADLINE, AttemptContext, is_deadline, run_attempt
+from evaluator.engine.deferrals import deferral_log
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.estimates import EstimateFn, default_estimate
 from evaluator.engine.invocation import DecisionEvaluationRequest
@@ -241,6 +242,8 @@ class _Run:
         budget_id = f"{request.invocation_id}/{secrets.token_hex(6)}"
         # A shadow started after the run began sees the runs that begin after it.
         shadow = registry.shadow(request.workspace_id)
+        deferrals = deferral_log()
+        deferrals.listen(registry)
         self.ctx = AttemptContext(
             controller=controller,
             adapters=adapters,
@@ -255,6 +258,7 @@ class _Run:
             telemetry=telemetry,
             journal=journal,
             shadow=shadow,
+            deferrals=deferrals,
         )
         self.ceiling = ceiling
         # Serial runs keep their single permit through a backoff.

@@ -39,13 +39,13 @@ logger = logging.getLogger(__name__)
 class RunCancelNotAllowed(RunServiceError):
     """The caller may neither cancel this run as its submitter nor as an operator."""
 
-    type = "permission_denied"
+    code = "permission_denied"
 
 
 class RunAlreadyFinished(RunServiceError):
     """The run already ended; `status` says how."""
 
-    type = "run-finished"
+    code = "run-finished"
 
     def __init__(self, message: str, *, status: str) -> None:
         super().__init__(message)

@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -49,24 +49,6 @@ BROKER_DOWN = OpenApiResponse(
 )
 
 
-class BrokerUnavailableError(APIException):
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_code = "broker-unavailable"
-    default_detail = "The task broker is unavailable; the run was not queued. Try again."
-
-
-class LoadBacklogFullError(APIException):
-    status_code = status.HTTP_429_TOO_MANY_REQUESTS
-    default_code = "throttled"
-    default_detail = "The workspace has as many load runs waiting as it may."
-
-
-class RunFinishedError(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "run-finished"
-    default_detail = "The run already ended."
-
-
 THROTTLED = OpenApiResponse(
     ErrorSerializer,
     description="`throttled`: this caller submitted too many runs; the `Retry-After` header "
@@ -93,10 +75,6 @@ class EvaluationRunFilter(django_filters.FilterSet):
     class Meta:
         model = EvaluationRun
         fields = ("status",)
-
-
-def _invalid(error: services.RunServiceError) -> ValidationError:
-    return ValidationError({error.field or "non_field_errors": [str(error)]})
 
 
 @extend_schema(tags=["evaluations"], parameters=[WORKSPACE_KEY])
@@ -136,14 +114,9 @@ class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
         },
     )
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        try:
-            run, created = services.evaluation_run_submit(
-                self.get_workspace(), request.user, request.data
-            )
-        except services.BrokerUnavailable as error:
-            raise BrokerUnavailableError(str(error)) from error
-        except services.RunServiceError as error:
-            raise _invalid(error) from error
+        run, created = services.evaluation_run_submit(
+            self.get_workspace(), request.user, request.data
+        )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(EvaluationRunSerializer(run).data, status=code)
 
@@ -199,12 +172,7 @@ class EvaluationRunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
         run = selectors.evaluation_run_get(workspace=self.get_workspace(), run_id=run_id)
         if run is None:
             raise NotFound("No such evaluation run.")
-        try:
-            run = cancellation.evaluation_run_cancel(run, request.user)
-        except cancellation.RunCancelNotAllowed as error:
-            raise PermissionDenied(str(error)) from error
-        except cancellation.RunAlreadyFinished as error:
-            raise RunFinishedError(str(error)) from error
+        run = cancellation.evaluation_run_cancel(run, request.user)
         code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
         return Response(self.get_serializer(run).data, status=code)
 
@@ -252,19 +220,12 @@ class LoadRunListView(WorkspaceScopedMixin, generics.ListAPIView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = LoadRunSubmitSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
-            run = services.load_run_submit(
-                self.get_workspace(),
-                request.user,
-                payload.validated_data["manifest"],
-                payload.validated_data["target"],
-            )
-        except services.LoadRunBacklogFull as error:
-            raise LoadBacklogFullError(str(error)) from error
-        except services.LoadRunNotAllowed as error:
-            raise PermissionDenied(str(error)) from error
-        except services.RunServiceError as error:
-            raise _invalid(error) from error
+        run = services.load_run_submit(
+            self.get_workspace(),
+            request.user,
+            payload.validated_data["manifest"],
+            payload.validated_data["target"],
+        )
         return Response(LoadRunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
@@ -320,12 +281,7 @@ class LoadRunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
         run = selectors.load_run_get(workspace=self.get_workspace(), run_id=run_id)
         if run is None:
             raise NotFound("No such load run.")
-        try:
-            run = load_runs.load_run_cancel(run, request.user)
-        except cancellation.RunCancelNotAllowed as error:
-            raise PermissionDenied(str(error)) from error
-        except cancellation.RunAlreadyFinished as error:
-            raise RunFinishedError(str(error)) from error
+        run = load_runs.load_run_cancel(run, request.user)
         code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
         return Response(self.get_serializer(run).data, status=code)
 
@@ -447,19 +403,12 @@ class WhatIfRunListView(WorkspaceScopedMixin, generics.ListAPIView):
         payload = WhatIfSubmitSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        try:
-            run = services.load_run_submit(
-                self.get_workspace(),
-                request.user,
-                data["manifest"],
-                data["target"],
-                what_if_version=version,
-                mapping=data["mapping"],
-            )
-        except services.LoadRunBacklogFull as error:
-            raise LoadBacklogFullError(str(error)) from error
-        except services.LoadRunNotAllowed as error:
-            raise PermissionDenied(str(error)) from error
-        except services.RunServiceError as error:
-            raise _invalid(error) from error
+        run = services.load_run_submit(
+            self.get_workspace(),
+            request.user,
+            data["manifest"],
+            data["target"],
+            what_if_version=version,
+            mapping=data["mapping"],
+        )
         return Response(LoadRunSerializer(run).data, status=status.HTTP_201_CREATED)

@@ -2,6 +2,8 @@
 
 Each coordinator has its own registry, as a separate process would; they share one Redis under a
 key prefix of the test's own. Tests that stop Redis use a private `redis-server` they start.
+The `deployment` fixture runs each test twice: on one Redis server, and on a Redis Cluster of
+three primaries with a replica each that the tests start on loopback (once per session).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import pytest
 import redis
 
 from admission.coordination import CoordinationSettings, RedisCoordinator
+from admission.coordination.clients import SyncClient, sync_client
 from admission.core import AdmissionRegistry, AdmissionRequest, Estimate, Profile
-from tests.private_services import PrivateRedis
+from tests.private_services import PrivateRedis, PrivateRedisCluster
 
 WORKSPACE = "ws-1"
 SHARED_REDIS = os.environ.get("SLUICE_TEST_REDIS_URL", "redis://127.0.0.1:6379/8")
@@ -65,7 +68,7 @@ def request(
 
 def _reachable(url: str) -> bool:
     try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+        return bool(sync_client(url, socket_connect_timeout=1).ping())
     except (redis.RedisError, OSError):
         return False
 
@@ -92,10 +95,14 @@ class Deployment:
     processes: list[Process] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     sequence: int = 0
+    _client: SyncClient | None = None
 
     @property
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url, decode_responses=True)
+    def client(self) -> Any:
+        """A plain client to look inside (a cluster client on a cluster)."""
+        if self._client is None:
+            self._client = sync_client(self.url, decode_responses=True)
+        return self._client
 
     def process(self, *, register: Profile | None = None, **overrides: Any) -> Process:
         options = {
@@ -147,11 +154,31 @@ class Deployment:
             client.delete(key)
 
 
-@pytest.fixture
-def deployment() -> Iterator[Deployment]:
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[PrivateRedisCluster]:
+    """A Redis Cluster of three primaries with one replica each, on free loopback ports, shared
+    by the session's tests (each under a key prefix of its own)."""
+    cluster = PrivateRedisCluster()
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture(params=["redis", "cluster"])
+def shared_url(request: pytest.FixtureRequest) -> str:
+    """The shared Redis server, or the session's Redis Cluster (`redis+cluster://`)."""
+    if request.param == "cluster":
+        cluster: PrivateRedisCluster = request.getfixturevalue("redis_cluster")
+        return cluster.url
     if not _reachable(SHARED_REDIS):
         pytest.skip(f"coordinated admission needs Redis at {SHARED_REDIS}")
-    deployment = Deployment(SHARED_REDIS)
+    return SHARED_REDIS
+
+
+@pytest.fixture
+def deployment(shared_url: str) -> Iterator[Deployment]:
+    deployment = Deployment(shared_url)
     try:
         yield deployment
     finally:

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from tests.admission.coordination.conftest import SHARED_REDIS, _reachable
+from admission.coordination.clients import sync_client
+from tests.admission.coordination.conftest import _reachable
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedis
 
@@ -131,12 +132,12 @@ def _drivers(tmp_path: Path, url: str, provider: LoopbackServer, limits: dict[st
 
 
 def test_two_processes_share_one_concurrency_and_one_rate(
-    tmp_path: Path, provider: LoopbackServer
+    tmp_path: Path, provider: LoopbackServer, shared_url: str
 ) -> None:
     provider.default = Reply(delay=0.2)
     drivers = _drivers(
         tmp_path,
-        SHARED_REDIS,
+        shared_url,
         provider,
         {"concurrency": 2, "requestsPerMinute": 30, "maxQueueWaitMs": 1500},
     )
@@ -161,11 +162,11 @@ def test_two_processes_share_one_concurrency_and_one_rate(
 
 
 def test_permits_of_a_killed_process_come_back_within_the_lease(
-    tmp_path: Path, provider: LoopbackServer
+    tmp_path: Path, provider: LoopbackServer, shared_url: str
 ) -> None:
     hold = threading.Event()
     provider.replies.append(Reply(hold=hold))
-    drivers = _drivers(tmp_path, SHARED_REDIS, provider, {"concurrency": 1})
+    drivers = _drivers(tmp_path, shared_url, provider, {"concurrency": 1})
     try:
         holder, _ = drivers.start(concurrency=1, count=1)
         assert provider.received.acquire(timeout=30), "the holder's call never arrived"
@@ -189,9 +190,7 @@ def test_permits_of_a_killed_process_come_back_within_the_lease(
 
 
 def _waiters(drivers: Drivers) -> int:
-    import redis
-
-    client = redis.Redis.from_url(drivers.url)
+    client = sync_client(drivers.url)
     return int(client.hlen(f"{drivers.prefix}:{{ws}}:W"))
 
 

@@ -14,19 +14,16 @@ import json
 import math
 import os
 from collections import Counter
-from typing import Any
+from typing import Any, ClassVar
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from admission.core import AdmissionRejected, CancelSignal, Profile
 from tests.admission.coordination.conftest import (
-    SHARED_REDIS,
     WORKSPACE,
     Deployment,
-    _reachable,
     request,
 )
 
@@ -61,10 +58,12 @@ async def _gather(tasks: list[asyncio.Task[Any]]) -> None:
 
 
 class CoordinatedAdmission(RuleBasedStateMachine):
+    url: ClassVar[str]
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
-        self.deployment = Deployment(SHARED_REDIS)
+        self.deployment = Deployment(self.url)
         self.profile = Profile.from_dict(PROFILE, workspace_id=WORKSPACE)
         self.processes = [
             self.deployment.process(lease_ttl_ms=900, heartbeat_ms=100) for _ in range(3)
@@ -297,8 +296,8 @@ class CoordinatedAdmission(RuleBasedStateMachine):
             self.deployment.cleanup()
 
 
-@pytest.mark.skipif(not _reachable(SHARED_REDIS), reason=f"needs Redis at {SHARED_REDIS}")
-def test_coordinated_admission_state_machine() -> None:
+def test_coordinated_admission_state_machine(shared_url: str) -> None:
+    CoordinatedAdmission.url = shared_url
     machine = settings(
         max_examples=int(os.environ.get("SLUICE_MACHINE_EXAMPLES", "20")),
         stateful_step_count=30,
