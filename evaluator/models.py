@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Now
 
 from evaluator.engine.receipts import RECEIPT_SCHEMA, RECEIPT_SCHEMA_V2, pending_slots, with_slots
 
@@ -114,7 +115,10 @@ class WorkerRun(models.Model):
     error = models.JSONField(null=True, blank=True)
     task_id = models.CharField(max_length=64, blank=True)
     deliveries = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Stamped by the database in the INSERT (STATEMENT_TIMESTAMP() on PostgreSQL), like every
+    # other time of a run (evaluator/services/server_clock.py): a web process whose clock is
+    # off neither misdates a run nor moves it in the claim order. SQLite's is the process's.
+    created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
