@@ -1,4 +1,4 @@
-"""Migration 0011: a running v3 receipt's slots move from its document to slot rows, so the
+"""Migration 0012: a running v3 receipt's slots move from its document to slot rows, so the
 model counts them; a v2 receipt keeps its one slot in its document and is counted from there."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from django.db.migrations.executor import MigrationExecutor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BEFORE = [("evaluator", "0010_usage_days_and_deferral_reasons")]
-AFTER = [("evaluator", "0011_receipt_slots")]
+BEFORE = [("evaluator", "0011_run_times_from_the_database")]
+AFTER = [("evaluator", "0012_receipt_slots")]
 
 
 def slot(index: int) -> dict:

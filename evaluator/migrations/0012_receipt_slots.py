@@ -45,7 +45,7 @@ def rows_to_slots(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('evaluator', '0010_usage_days_and_deferral_reasons'),
+        ('evaluator', '0011_run_times_from_the_database'),
     ]
 
     operations = [
