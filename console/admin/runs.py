@@ -31,7 +31,6 @@ from console.charts.load_runs import load_run_bounds, load_run_glance
 from console.forms.runs import EvaluationSubmitForm, LoadRunStartForm
 from console.templatetags.readable import readable_number
 from evaluator import selectors
-from evaluator.engine.receipts import pending_slots
 from evaluator.models import EvaluationRun, LoadRun, Receipt
 from evaluator.services import cancellation, load_runs
 from evaluator.services import runs as services
@@ -437,6 +436,21 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
                 self.message_user(request, f"Started {run}.", messages.SUCCESS)
 
 
+class PendingDispatchFilter(admin.SimpleListFilter):
+    """Receipts with calls in flight (pending-dispatch slots) or without."""
+
+    title = "calls in flight"
+    parameter_name = "in_flight"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "some"), ("no", "none")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Receipt]) -> QuerySet[Receipt]:
+        if self.value() in ("yes", "no"):
+            return selectors.receipts_in_flight(queryset, in_flight=self.value() == "yes")
+        return queryset
+
+
 @admin.register(Receipt)
 class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
@@ -444,11 +458,10 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         "workspace_id",
         "state",
         "revision",
-        "pending_dispatch",
         "calls_in_flight",
         "updated_at",
     )
-    list_filter = ("state", "pending_dispatch")
+    list_filter = ("state", PendingDispatchFilter)
     search_fields = ("invocation_id",)
     readonly_fields = (
         "workspace_id",
@@ -459,7 +472,6 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         "ruleset_digest",
         "state",
         "revision",
-        "pending_dispatch",
         "calls_in_flight",
         "created_at",
         "updated_at",
@@ -470,12 +482,12 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     def scope(self, queryset: QuerySet[Receipt], request: HttpRequest) -> QuerySet[Receipt]:
         # Receipts name their workspace by key, as the engine does.
         visible = access.workspaces_for(request.user, access.VIEW).values("key")
-        return queryset.filter(workspace_id__in=visible)
+        return selectors.with_pending_dispatches(queryset.filter(workspace_id__in=visible))
 
-    @admin.display(description="calls in flight (most at once)")
+    @admin.display(description="calls in flight (most at once)", ordering="slot_count")
     def calls_in_flight(self, obj: Receipt) -> str:
         most = obj.document.get("maxPendingDispatches")
-        now = len(pending_slots(obj.document))
+        now = obj.pending_dispatches
         return f"{now} ({most})" if most is not None else str(now)
 
     @admin.display(description="receipt document")
