@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import json
 import logging
 import math
 import signal
@@ -40,8 +38,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import _pytest.outcomes
-from django_setup import configure, throwaway_database
+from django_setup import (
+    activate_profile_script,
+    configure,
+    epoch_seconds,
+    service_deployment,
+    throwaway_database,
+)
 
 configure()
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -58,37 +61,12 @@ from evaluator.worker.receipts_db import DatabaseReceiptStore  # noqa: E402
 from tests.evaluator.loopback import LoopbackServer, Reply  # noqa: E402
 from tests.service.conftest import Deployment  # noqa: E402
 
-CEILING_PROFILE = """
-import copy
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import DEMO_PROFILE
-document = copy.deepcopy(DEMO_PROFILE)
-document["profileVersion"] = "bench-ceiling"
-for part in [document["workspace"], *document["providers"].values(),
-             *document["principals"].values()]:
-    part.update(concurrency={ceiling}, requestsPerMinute=10**6, maxQueueLength=10000)
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
-services.profile_version_approve(
-    version=version, approver=approver,
-    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}}, comment="benchmark")
-services.profile_version_activate(version=version, actor=approver)
-"""
-
 RECEIPT_REVISION = """
 from evaluator.models import EvaluationRun, Receipt
 run = EvaluationRun.objects.get(pk="{run_id}")
 receipt = Receipt.objects.get(workspace_id="demo", invocation_id=run.invocation_id)
 print(receipt.revision, receipt.document["maxPendingDispatches"])
 """
-
-
-def _when(value: str) -> float:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -107,17 +85,17 @@ def through_the_service(args: argparse.Namespace) -> None:
     ideal = math.ceil(args.decisions / args.ceiling) * args.latency_ms / 1000
     with LoopbackServer() as provider, tempfile.TemporaryDirectory(prefix="sluice-dur-") as tmp:
         provider.default = Reply(delay=args.latency_ms / 1000)
-        try:
-            deployment = Deployment(Path(tmp), "full")
-        except _pytest.outcomes.Skipped as skipped:
-            print(f"service: skipped ({skipped.msg})")
+        deployment = service_deployment(tmp, "full", provider, name="service")
+        if deployment is None:
             return
-        deployment.env["SLUICE_ADAPTERS"] = json.dumps(
-            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-        )
         try:
             deployment.setup()
-            deployment.django(CEILING_PROFILE.format(ceiling=args.ceiling))
+            ceiling = {
+                "concurrency": args.ceiling,
+                "requestsPerMinute": 10**6,
+                "maxQueueLength": 10000,
+            }
+            deployment.django(activate_profile_script("bench-ceiling", ceiling))
             deployment.start_web()
             deployment.start_worker()
             # Warm the worker: connections to the database, Redis and the provider.
@@ -132,12 +110,12 @@ def through_the_service(args: argparse.Namespace) -> None:
                 )
                 run = _wait_fast(deployment, submitted["id"])
                 client_s = time.monotonic() - started
-                server_s = _when(run["finishedAt"]) - _when(run["createdAt"])
+                server_s = epoch_seconds(run["finishedAt"]) - epoch_seconds(run["createdAt"])
                 revision, most = deployment.django(
                     RECEIPT_REVISION.format(run_id=run["id"])
                 ).split()
                 calls = len(provider.requests) - before
-                claimed_s = _when(run["startedAt"]) - _when(run["createdAt"])
+                claimed_s = epoch_seconds(run["startedAt"]) - epoch_seconds(run["createdAt"])
                 spans = [(a["startedMs"], a["endedMs"]) for a in run["attempts"]]
                 calls_s = (max(end for _, end in spans) - min(s for s, _ in spans)) / 1000
                 waves = sorted(start for start, _ in spans)[:: args.ceiling]
