@@ -2,6 +2,7 @@
 
     python benchmarks/coordination.py [--redis redis://127.0.0.1:6379/8] [--seconds 5]
     python benchmarks/coordination.py --anchors [--redis ...]   # against the anchors only
+    python benchmarks/coordination.py --cluster [--redis redis+cluster://HOST:PORT]
 
 Prints the latency one decision adds (acquire, one caller at a time, p50 and p99) through Redis
 against the in-process controller; then, with several callers per process, for one process and
@@ -14,7 +15,9 @@ asyncio client): the round trip of a function that does nothing (FCALL), a hit o
 sliding-window counter (its Redis strategy), and a whole Sluice decision (acquire, then
 release): acquire p50 with one caller, Redis time per hit or decision (INFO commandstats), and
 hits or decisions per second with 1 process x 8 callers and 4 processes x 8 callers.
-Asserts nothing.
+`--cluster` measures on a Redis Cluster (one it starts on loopback unless `--redis` names one):
+nodes touched per decision, and decisions per second with the load on one shard and spread over
+three (see coordination_cluster.py). Asserts nothing.
 """
 
 from __future__ import annotations
@@ -345,7 +348,14 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=8)
     parser.add_argument("--principals", type=int, default=10_000)
     parser.add_argument("--anchors", action="store_true", help="only the anchors' comparison")
+    parser.add_argument("--cluster", action="store_true", help="on a Redis Cluster")
     args = parser.parse_args()
+    if args.cluster:
+        from coordination_cluster import run
+
+        given = args.redis if args.redis.startswith("redis+cluster://") else None
+        run(given, args.seconds, args.callers)
+        return
     client = redis.Redis.from_url(args.redis)
     print(f"Redis {client.info('server')['redis_version']} at {args.redis}; {os.cpu_count()} cores")
     if args.anchors:

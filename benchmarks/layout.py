@@ -17,6 +17,11 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.import_graph import circles as import_circles  # noqa: E402
+
 # Top to bottom: a module may import its own layer and the layers below it.
 LAYERS = ("config", "console", "evaluator", "admission")
 
@@ -36,50 +41,6 @@ def _sources() -> list[Path]:
         for path in sorted((ROOT / package).rglob("*.py"))
         if "migrations" not in path.parts
     ]
-
-
-def _components(graph: grimp.ImportGraph) -> list[list[str]]:
-    """Import circles: the strongly connected components of two or more modules."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for root in sorted(graph.modules):
-        if root in index:
-            continue
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append(
-                        (child, iter(sorted(graph.find_modules_directly_imported_by(child))))
-                    )
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
 
 
 def _upward(graph: grimp.ImportGraph) -> list[str]:
@@ -125,10 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     for layer in sorted(files):
         print(f"{layer:34} {files[layer]:>6} {lines[layer]:>7}")
     print(f"{'total':34} {sum(files.values()):>6} {sum(lines.values()):>7}")
-    sys.path.insert(0, str(ROOT))
     present = [package for package in LAYERS if (ROOT / package).is_dir()]
     graph = grimp.build_graph(*present, cache_dir=None)
-    circles = _components(graph)
+    circles = import_circles(graph)
     print(f"\nimport circles (lazy imports included): {len(circles)}")
     for circle in circles:
         print("  " + " <-> ".join(circle))

@@ -1,14 +1,15 @@
 """Usage over time at size: the admin's usage page, the API's usage summary and the CSV export
-over 30 days of hourly aggregates for 100 principals at 3 providers, and what a day of them
-takes in the database.
+over 30 days of hourly aggregates (and their daily roll-up) for 100 principals at 3 providers,
+and what a day of them takes in the database.
 
 Run:  DATABASE_URL=postgres://root@127.0.0.1:5432/sluice .venv/bin/python benchmarks/usage.py
 
 It creates a throwaway test database next to the one DATABASE_URL names (SQLite when unset),
 fills `UsageHour` with one row per hour, provider and principal for `--days` days (216 000 rows
-for the defaults, the most a day can hold: every principal at every provider every hour), then
-requests the pages through Django's test client as a member of the workspace and reports their
-times. Figures only; no bounds.
+for the defaults, the most a day can hold: every principal at every provider every hour) and
+`UsageDay` with their sums (9 000 rows), then requests the page and the API summary for the
+last 24 h, 7 d and 30 d (ranges over two days read days) and the CSV export through Django's
+test client as a member of the workspace and reports p50/p95 of each. Figures only; no bounds.
 """
 
 from __future__ import annotations
@@ -29,9 +30,49 @@ from django.test import Client  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from admission.models import Workspace, WorkspaceMembership  # noqa: E402
-from evaluator.models import UsageHour  # noqa: E402
+from evaluator.models import UsageDay, UsageHour  # noqa: E402
 
 REASONS = ("queue-full", "queue-timeout", "cost", "tokens")
+DEFERRALS = ("concurrency", "tokens-per-second", "requests-per-minute")
+SUMMED = (
+    "runs",
+    "calls",
+    "tokens",
+    "cost_usd",
+    "unpriced_calls",
+    "admitted",
+    "deferred",
+    "refused",
+    "queue_delay_ms_sum",
+)
+
+
+def roll_up(hours: list[UsageHour]) -> list[UsageDay]:
+    """The days of some hours, summed as `usage_record_run` keeps them."""
+    days: dict[tuple, UsageDay] = {}
+    for hour in hours:
+        day = hour.hour.replace(hour=0)
+        key = (day, hour.provider_id, hour.principal_id)
+        into = days.get(key)
+        if into is None:
+            into = days[key] = UsageDay(
+                workspace=hour.workspace,
+                day=day,
+                provider_id=hour.provider_id,
+                principal_id=hour.principal_id,
+                deferred_by_reason={},
+                refused_by_reason={},
+            )
+        for name in SUMMED:
+            setattr(into, name, getattr(into, name) + getattr(hour, name))
+        into.queue_delay_ms_max = max(into.queue_delay_ms_max, hour.queue_delay_ms_max)
+        for mine, theirs in (
+            (into.deferred_by_reason, hour.deferred_by_reason),
+            (into.refused_by_reason, hour.refused_by_reason),
+        ):
+            for reason, n in theirs.items():
+                mine[reason] = mine.get(reason, 0) + n
+    return list(days.values())
 
 
 def seed(days: int, principals: int, providers: int) -> tuple[Workspace, int]:
@@ -42,51 +83,58 @@ def seed(days: int, principals: int, providers: int) -> tuple[Workspace, int]:
     )
     rng = random.Random(7)
     end = timezone.now().replace(minute=0, second=0, microsecond=0)
-    rows = []
+    rows: list[UsageHour] = []
+    day_rows: list[UsageHour] = []
     count = 0
     for hour_index in range(days * 24):
         hour = end - dt.timedelta(hours=hour_index)
+        if day_rows and hour.date() != day_rows[-1].hour.date():
+            UsageDay.objects.bulk_create(roll_up(day_rows))
+            day_rows = []
         for provider in range(providers):
             for principal in range(principals):
                 calls = rng.randint(1, 40)
                 refused = rng.randint(0, 3)
-                rows.append(
-                    UsageHour(
-                        workspace=workspace,
-                        hour=hour,
-                        provider_id=f"provider-{provider}",
-                        principal_id=f"principal-{principal:03d}",
-                        runs=max(1, calls // 4),
-                        calls=calls,
-                        tokens=calls * rng.randint(200, 2000),
-                        cost_usd=calls * rng.random() * 0.01,
-                        admitted=calls,
-                        deferred=rng.randint(0, calls),
-                        refused=refused,
-                        refused_by_reason={rng.choice(REASONS): refused} if refused else {},
-                        queue_delay_ms_sum=calls * rng.random() * 200,
-                        queue_delay_ms_max=rng.random() * 2000,
-                    )
+                deferred = rng.randint(0, calls)
+                row = UsageHour(
+                    workspace=workspace,
+                    hour=hour,
+                    provider_id=f"provider-{provider}",
+                    principal_id=f"principal-{principal:03d}",
+                    runs=max(1, calls // 4),
+                    calls=calls,
+                    tokens=calls * rng.randint(200, 2000),
+                    cost_usd=calls * rng.random() * 0.01,
+                    admitted=calls,
+                    deferred=deferred,
+                    deferred_by_reason={rng.choice(DEFERRALS): deferred} if deferred else {},
+                    refused=refused,
+                    refused_by_reason={rng.choice(REASONS): refused} if refused else {},
+                    queue_delay_ms_sum=calls * rng.random() * 200,
+                    queue_delay_ms_max=rng.random() * 2000,
                 )
+                rows.append(row)
+                day_rows.append(row)
         if len(rows) >= 20_000:
             UsageHour.objects.bulk_create(rows)
             count += len(rows)
             rows = []
     UsageHour.objects.bulk_create(rows)
+    UsageDay.objects.bulk_create(roll_up(day_rows))
     count += len(rows)
     return workspace, count
 
 
-def storage_bytes() -> int | None:
+def storage_bytes(table: str) -> int | None:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute("SELECT pg_total_relation_size('evaluator_usagehour')")
+            cursor.execute(f"SELECT pg_total_relation_size('{table}')")
             return int(cursor.fetchone()[0])
         if connection.vendor == "sqlite":
             try:
                 cursor.execute(
-                    "SELECT SUM(pgsize) FROM dbstat WHERE name = 'evaluator_usagehour' "
-                    "OR name LIKE 'evaluator_usage%'"
+                    "SELECT SUM(pgsize) FROM dbstat WHERE name = %s OR tbl_name = %s",
+                    [table, table],
                 )
             except Exception:
                 return None
@@ -128,16 +176,23 @@ def main() -> None:
         started = time.perf_counter()
         workspace, rows = seed(args.days, args.principals, args.providers)
         seeded = time.perf_counter() - started
-        size = storage_bytes()
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("VACUUM ANALYZE evaluator_usagehour")
+                cursor.execute("VACUUM ANALYZE evaluator_usageday")
+        days = UsageDay.objects.count()
         print(
-            f"usage on {connection.vendor}: {rows:,} hourly rows ({args.days} days x "
-            f"{args.principals} principals x {args.providers} providers), seeded in {seeded:.1f} s"
+            f"usage on {connection.vendor}: {rows:,} hourly rows and {days:,} daily rows "
+            f"({args.days} days x {args.principals} principals x {args.providers} providers), "
+            f"seeded in {seeded:.1f} s"
         )
-        if size is not None:
-            print(
-                f"storage: {size / 1e6:.1f} MB with indexes, {size / args.days / 1e6:.2f} MB "
-                f"per day, {size / rows:.0f} bytes per row"
-            )
+        for table, count in (("evaluator_usagehour", rows), ("evaluator_usageday", days)):
+            size = storage_bytes(table)
+            if size is not None:
+                print(
+                    f"storage of {table}: {size / 1e6:.1f} MB with indexes, "
+                    f"{size / args.days / 1e6:.3f} MB per day, {size / count:.0f} bytes per row"
+                )
         client = Client()
         client.force_login(get_user_model().objects.get(username="bench-viewer"))
         key = workspace.key
@@ -145,6 +200,8 @@ def main() -> None:
             ("usage page, last 24h", f"/admin/usage/?workspace={key}&range=24h"),
             ("usage page, last 7d", f"/admin/usage/?workspace={key}&range=7d"),
             ("usage page, last 30d", f"/admin/usage/?workspace={key}&range=30d"),
+            ("API summary, last 24h", f"/api/workspaces/{key}/usage/?range=24h"),
+            ("API summary, last 7d", f"/api/workspaces/{key}/usage/?range=7d"),
             ("API summary, last 30d", f"/api/workspaces/{key}/usage/?range=30d"),
             ("CSV export, last 24h", f"/api/workspaces/{key}/usage.csv?range=24h"),
         ):

@@ -121,6 +121,9 @@ def database_from_url(url: str, base_dir: Path) -> dict[str, object]:
         if not name:
             raise SettingsError("DATABASE_URL names no database")
         options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        # A server that accepts connections but answers nothing (frozen) must not hang every
+        # request that opens one: it is answered "database unavailable" after this long.
+        options.setdefault("connect_timeout", "5")
         config: dict[str, object] = {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": name,

@@ -30,6 +30,20 @@ def answers(port: int) -> bool:
         return False
 
 
+def _children(parent: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == parent:
+            found.append(int(entry.name))
+    return found
+
+
 def _postgres_bin() -> Path:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
     if found:
@@ -77,11 +91,44 @@ class PrivatePostgres:
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", log, "-w", "start")
         wait_until(lambda: answers(self.port), 30, "PostgreSQL to answer")
 
-    def stop(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "stop")
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: `fast` ends every session first, `immediate` just kills them (the
+        next start recovers from the write-ahead log, as after a crash)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
         wait_until(lambda: not answers(self.port), 30, "PostgreSQL to stop")
 
+    def processes(self) -> list[int]:
+        """The postmaster's pid followed by those of its children (backends and helpers)."""
+        postmaster = int((self.data / "postmaster.pid").read_text().split()[0])
+        return [postmaster, *_children(postmaster)]
+
+    def pause(self) -> list[int]:
+        """Freeze the postmaster, then every backend and helper (SIGSTOP): connections stay
+        open and new ones wait in the listen queue, but nothing is answered. Returns the frozen
+        pids for `resume`."""
+        frozen = []
+        for pid in self.processes():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                frozen.append(pid)
+        # A backend forked between the listing and the postmaster's freeze is frozen too.
+        for pid in _children(frozen[0]):
+            if pid not in frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+                    frozen.append(pid)
+        return frozen
+
+    @staticmethod
+    def resume(frozen: list[int]) -> None:
+        """Thaw what `pause` froze (SIGCONT), children first."""
+        for pid in reversed(frozen):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
     def destroy(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.resume(self.processes())
         with contextlib.suppress(subprocess.CalledProcessError):
             self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -260,6 +307,13 @@ class PrivateRedisCluster:
         process.kill()
         process.wait(timeout=30)
 
+    def pause(self, port: int) -> None:
+        """Freeze a node (SIGSTOP): a replica then misses what its primary writes meanwhile."""
+        self.processes[port].send_signal(signal.SIGSTOP)
+
+    def resume(self, port: int) -> None:
+        self.processes[port].send_signal(signal.SIGCONT)
+
     def promote(self, replica: int) -> None:
         """Make a replica the primary of its slots now (its primary is gone: no agreement)."""
         self.cli(replica, "cluster", "failover", "takeover")
@@ -270,6 +324,7 @@ class PrivateRedisCluster:
     def destroy(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
+                process.send_signal(signal.SIGCONT)
                 process.kill()
                 process.wait(timeout=30)
         shutil.rmtree(self.dir, ignore_errors=True)

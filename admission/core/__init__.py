@@ -12,6 +12,7 @@ from admission.core.errors import (
     AdmissionRejected,
     InvalidProfileError,
     ProfileConflictError,
+    ServiceError,
 )
 from admission.core.evidence import (
     AdmissionEvidence,
@@ -46,6 +47,7 @@ __all__ = [
     "ProfileChangeRecord",
     "ProfileConflictError",
     "QueueSnapshot",
+    "ServiceError",
     "ShadowAdmission",
     "ShadowCall",
     "SystemClock",

@@ -10,6 +10,7 @@ __all__ = [
     "AdmissionRejected",
     "InvalidProfileError",
     "ProfileConflictError",
+    "ServiceError",
 ]
 
 REASONS: frozenset[str] = frozenset(
@@ -47,16 +48,55 @@ RETRYABLE_REASONS: frozenset[str] = frozenset(
 )
 
 
-class InvalidProfileError(ValueError):
+class ServiceError(Exception):
+    """A refusal every interface reports the same way: the admission and evaluator services
+    raise its subclasses, and the API, the admin and the shell each translate it in one place.
+
+    `code` says what kind of refusal it is (`invalid`: the input; `conflict`: the state does not
+    allow it now; `four_eyes`, `permission_denied`: who asks; and the evaluator's own), `message`
+    what is wrong, and `field` the input at fault when there is one. `document` names the input
+    that holds a whole document when `field` is a dotted path inside it.
+    """
+
+    code = "invalid"
+    field: str | None = None
+    document: str | None = None
+
+    def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if field is not None:
+            self.field = field
+        if code is not None:
+            self.code = code
+
+    def reasons(self) -> list[str]:
+        """Each problem on its own line, for the input at fault (one unless overridden)."""
+        return [str(self)]
+
+    def summary(self) -> str:
+        """The refusal in one line that names its field (for a message or a command line)."""
+        text = str(self)
+        if self.field and not text.startswith(f"{self.field}:"):
+            return f"{self.field}: {text}"
+        return text
+
+
+class InvalidProfileError(ServiceError, ValueError):
     """A profile document (or a part of it) breaks the rules of docs/admission-core.md.
 
     ``field`` is the dotted path of the offending field, for example
-    ``providers.jev.circuitBreaker.failureThreshold`` or ``principals[2].limits.concurrency``.
+    ``providers.jev.circuitBreaker.failureThreshold`` or ``principals[2].limits.concurrency``;
+    every interface takes the profile as its ``document``.
     """
+
+    document = "document"
+    field: str
 
     def __init__(self, field: str, problem: str) -> None:
         # Both parts stay in args so the exception survives pickling between processes.
-        super().__init__(field, problem)
+        Exception.__init__(self, field, problem)
+        self.message = problem
         self.field = field
         self.problem = problem
 

@@ -14,7 +14,10 @@ A canary run's attempt takes two leases, in this order:
 The canary lease is taken first and given back when the second is refused, so a canary attempt
 never holds an active permit while it waits for a canary one (the active pools never wait on
 the canary). Both leases go back together, with the same outcome. The run's evidence is the
-canary side's (what the canary's limits did), with the time waited for both.
+canary side's (what the canary's limits did), with the time waited in both queues as its queue
+delay: the sum of each side's own queue delay, so an attempt that both sides admit at once
+records none (the round trips to Redis are not a wait, and counted as one every coordinated
+canary request would read as deferred).
 """
 
 from __future__ import annotations
@@ -66,13 +69,11 @@ class CanaryController:
     """A workspace's admission for canary runs: the canary's controller, then the active one's
     shared pools (see the module doc)."""
 
-    def __init__(self, canary: Any, active: Any, clock: Any) -> None:
+    def __init__(self, canary: Any, active: Any) -> None:
         self._canary = canary
         self._active = active
-        self._clock = clock
 
     async def acquire(self, request: Any) -> CanaryLease:
-        started = self._clock.monotonic_ms()
         canary = await self._canary.acquire(request)
         try:
             pool = await self._active.acquire(request)
@@ -81,7 +82,9 @@ class CanaryController:
             # with no outcome (not a provider failure).
             canary.release(success=None)
             raise
-        waited = max(0.0, self._clock.monotonic_ms() - started)
+        # Each side's queue delay is its own queue wait (none when decided at once); the active
+        # side's request arrives when the canary's is granted, so the two never overlap.
+        waited = canary.evidence.queue_delay_ms + pool.evidence.queue_delay_ms
         evidence = dataclasses.replace(
             canary.evidence,
             queue_delay_ms=waited,
@@ -127,10 +130,15 @@ class CanaryRegistry:
         active = self._active.controller(workspace_id)
         if canary is None or active is None:
             return None
-        return CanaryController(canary, active, self._canary.clock)
+        return CanaryController(canary, active)
 
     def shadow(self, workspace_id: str) -> None:
         return None
+
+    def decision_registries(self) -> tuple[AdmissionRegistry, AdmissionRegistry]:
+        """The registries a canary run's decisions are reported to: the canary's, then the
+        process registry (the shared pools)."""
+        return self._canary, self._active
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._canary, name)

@@ -4,8 +4,10 @@ With admission coordinated in Redis, operators' views read the deployment's shar
 admission kept inside the one worker process (the embedded default) there is no such state: the
 worker's `LivePublisher` counts its registry's decisions (by provider, decision and reason, per
 minute and in running totals, with the admitted queue delay as a histogram) and breaker
-transitions, and every `SLUICE_ADMISSION_SNAPSHOT_SECONDS` writes them, with each workspace's
-active and queued calls, breakers, leases and waiters, to its `AdmissionSnapshot` row. The web
+transitions, and the decisions of a running canary's own registry (its deferrals and refusals;
+a canary attempt it admits is counted once, where it then takes the shared pools); every
+`SLUICE_ADMISSION_SNAPSHOT_SECONDS` it writes them, with each workspace's active and queued
+calls, breakers, leases and waiters, to its `AdmissionSnapshot` row. The web
 process reads those rows (`published_states`) in the same shape as the Redis state, so the Live
 admission page and `/metrics` show the same figures in both modes. Nothing here carries a
 principal id.
@@ -17,6 +19,7 @@ import asyncio
 import logging
 import threading
 import time
+import weakref
 from collections import defaultdict, deque
 from collections.abc import Callable
 from datetime import timedelta
@@ -88,20 +91,39 @@ class LiveTally:
         self._workspaces: dict[str, _Counts] = defaultdict(_Counts)
         self._unsubscribe: Callable[[], None] | None = None
         self._registry: AdmissionRegistry | None = None
+        self._canaries: weakref.WeakKeyDictionary[AdmissionRegistry, Callable[[], None]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def attach(self, registry: AdmissionRegistry) -> None:
         """Count this registry's decisions from now on (and no longer an earlier one's)."""
         if registry is self._registry:
             return
-        self.detach()
+        if self._unsubscribe is not None:
+            self._unsubscribe()
         self._registry = registry
         self._unsubscribe = registry.on_decision(self._on_decision)
+
+    def attach_canary(self, registry: AdmissionRegistry) -> None:
+        """Count a canary version's own registry's decisions too (idempotent). A canary
+        attempt takes the canary's lease, then the shared pools' from the process registry:
+        its deferrals and refusals on either side count, and its admission once, on the
+        pools' side, like any other attempt's."""
+        if registry not in self._canaries:
+            self._canaries[registry] = registry.on_decision(self._on_canary_decision)
 
     def detach(self) -> None:
         if self._unsubscribe is not None:
             self._unsubscribe()
         self._unsubscribe = None
         self._registry = None
+        for unsubscribe in list(self._canaries.values()):
+            unsubscribe()
+        self._canaries.clear()
+
+    def _on_canary_decision(self, event: DecisionEvent) -> None:
+        if event.decision != "admit":
+            self._on_decision(event)
 
     def _on_decision(self, event: DecisionEvent) -> None:
         request = event.request
@@ -171,6 +193,7 @@ class LivePublisher:
         self.published = 0
         self._halt = threading.Event()
         self._forget_hook: Callable[[], None] | None = None
+        self._forget_canaries: Callable[[], None] | None = None
         self._thread = threading.Thread(
             target=self._serve, name="sluice-admission-snapshot", daemon=True
         )
@@ -178,6 +201,8 @@ class LivePublisher:
     def start(self) -> None:
         self._forget_hook = runtime.on_registry_built(self._attach_on_loop)
         self._call_on_loop(lambda: self.tally.attach(runtime.get_registry()))
+        # Canary registries are built with the loop frozen, like the process registry.
+        self._forget_canaries = runtime.on_canary_registry(self.tally.attach_canary)
         self._thread.start()
 
     def _attach_on_loop(self, registry: AdmissionRegistry) -> None:
@@ -232,6 +257,8 @@ class LivePublisher:
             self._thread.join(timeout=10)
         if self._forget_hook is not None:
             self._forget_hook()
+        if self._forget_canaries is not None:
+            self._forget_canaries()
         self._publish_quietly()
         connections.close_all()
 

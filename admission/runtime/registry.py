@@ -86,6 +86,9 @@ def shared_state_observer() -> RedisCoordinator | None:
 _registry_factory: Callable[[], AdmissionRegistry] = build_registry
 # Called with each registry this process builds (the live figures' tally attaches to it).
 _built_hooks: list[Callable[[AdmissionRegistry], None]] = []
+# Called with each canary version's own registry this process builds (the tally counts its
+# decisions too).
+_canary_hooks: list[Callable[[AdmissionRegistry], None]] = []
 
 
 def on_registry_built(callback: Callable[[AdmissionRegistry], None]) -> Callable[[], None]:
@@ -96,6 +99,22 @@ def on_registry_built(callback: Callable[[AdmissionRegistry], None]) -> Callable
     def forget() -> None:
         if callback in _built_hooks:
             _built_hooks.remove(callback)
+
+    return forget
+
+
+def on_canary_registry(callback: Callable[[AdmissionRegistry], None]) -> Callable[[], None]:
+    """Call `callback(registry)` with every canary registry this process holds now and builds
+    from now on; returns a function that stops it."""
+    _canary_hooks.append(callback)
+    with _lock:
+        held = [registry for _, registry in _canaries.values()]
+    for registry in held:
+        callback(registry)
+
+    def forget() -> None:
+        if callback in _canary_hooks:
+            _canary_hooks.remove(callback)
 
     return forget
 
@@ -238,6 +257,8 @@ def registry_for_run(plan: RunPlan) -> AdmissionRegistry:
             # Every process registers the canary's profile at the same position: its start row.
             own.register(profile_from_version(canary.version), sequence=canary.pk)
             cached = _canaries[key] = (canary.pk, own)
+            for hook in list(_canary_hooks):
+                hook(own)
         if not plan.on_canary:
             return registry
         return cast(AdmissionRegistry, CanaryRegistry(cached[1], registry))

@@ -31,6 +31,9 @@ class InvalidProfileDocument(InvalidProfileError):
         super().__init__(first.field, first.problem)
         self.problems = list(problems)
 
+    def reasons(self) -> list[str]:
+        return [str(problem) for problem in self.problems]
+
 
 def _minimal(**parts: Any) -> dict[str, Any]:
     doc: dict[str, Any] = {

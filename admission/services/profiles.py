@@ -3,8 +3,9 @@
 Each service validates with the core, writes in one transaction and leaves an audit row.
 Every service first asks `admission.access` whether its actor may do this in the workspace and
 raises `access.AccessDenied` (a 403, an admin message, a CommandError) if not. Other failures are
-typed (`ProfileServiceError` subclasses, or the core's `InvalidProfileError`), so every interface
-can turn them into a form error, a 400, or a CommandError.
+typed (`ProfileServiceError` subclasses, or the core's `InvalidProfileError`: both
+`admission.core.ServiceError`s), so every interface turns them into a form error, a 4xx, or a
+CommandError in one place of its own.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from admission import access, selectors
-from admission.core import InvalidProfileError, Profile, ProfileConflictError
+from admission.core import InvalidProfileError, Profile, ProfileConflictError, ServiceError
 from admission.models import (
     RUNBOOK_ID,
     ProfileApproval,
@@ -84,23 +85,13 @@ __all__ = [
 ]
 
 
-class ProfileServiceError(Exception):
+class ProfileServiceError(ServiceError):
     """A profile operation was refused; `field` names the input at fault when there is one.
 
     `code` says what kind of refusal it is: `invalid` (the input), `conflict` (the state of the
     workspace or version does not allow it now) or `four_eyes` (the same person may not do both
     halves); the API answers 400, 409 and 403 for them.
     """
-
-    field: str | None = None
-    code = "invalid"
-
-    def __init__(self, message: str, *, field: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        if field is not None:
-            self.field = field
-        if code is not None:
-            self.code = code
 
 
 class ProfileVersionConflict(ProfileServiceError):

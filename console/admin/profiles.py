@@ -32,7 +32,6 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from admission import access, selectors
-from admission.core import InvalidProfileError
 from admission.models import (
     RUNBOOK_ID,
     ProfileApproval,
@@ -46,6 +45,7 @@ from admission.models import (
 from admission.profile_diff import LimitRow, limit_rows, limits_diff, zero_limit_count
 from admission.services import profiles as services
 from admission.services import rollout
+from console.admin.kit import REFUSALS, admin_page, form_refusal, report_refusal
 from console.charts.load_runs import load_run_bounds, load_run_glance
 from console.forms.profiles import (
     ProfileDecisionForm,
@@ -56,10 +56,11 @@ from console.forms.profiles import (
     initial_proposal,
     runbook_url,
 )
+from console.templatetags.readable import readable_number
 from evaluator import comparisons
 from evaluator import selectors as evaluator_selectors
 from evaluator.models import LoadRun
-from evaluator.services.runs import RunServiceError, load_run_submit
+from evaluator.services.runs import load_run_submit
 
 # The site's own name on every admin page (and the browser tab), not Django's.
 admin.site.site_header = "Sluice"
@@ -257,20 +258,8 @@ def _run_per_object(
     for obj in objects:
         try:
             done = operation(obj)
-        except (
-            services.ProfileServiceError,
-            InvalidProfileError,
-            RunServiceError,
-            access.AccessDenied,
-        ) as error:
-            message = str(error)
-            if isinstance(error, RunServiceError) and error.field:
-                message = f"{error.field}: {message}"
-            # Most refusals name the object already; say which one only when they do not.
-            if str(obj) not in message:
-                message = f"{obj}: {message}"
-            # A word first: the admin capitalises a message's first letter, not a key's.
-            model_admin.message_user(request, f"Refused: {message}", messages.ERROR)
+        except REFUSALS as error:
+            report_refusal(model_admin, request, error, about=obj)
         else:
             model_admin.message_user(request, done, messages.SUCCESS)
 
@@ -303,17 +292,17 @@ def _form_action(
             return None
     else:
         form = make_form(None)
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.opts,
-        "title": title,
-        "form": form,
-        "action": action,
-        "objects": list(queryset),
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    return admin_page(
+        model_admin,
+        request,
+        template,
+        title=title,
+        form=form,
+        action=action,
+        objects=list(queryset),
+        action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
         **(extra or {}),
-    }
-    return TemplateResponse(request, template, context)
+    )
 
 
 def _not_your_own(
@@ -638,17 +627,17 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         if query:
             rows = [row for row in rows if query.lower() in row.scope.lower()]
         page = Paginator(rows, LIMITS_PAGE_ROWS).get_page(request.GET.get("page"))
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": f"Limits of {version}",
-            "version": version,
-            "base": base,
-            "page": page,
-            "query": query,
-            "everything": everything,
-        }
-        return TemplateResponse(request, "admin/admission/profileversion/limits.html", context)
+        return admin_page(
+            self,
+            request,
+            "admin/admission/profileversion/limits.html",
+            title=f"Limits of {version}",
+            version=version,
+            base=base,
+            page=page,
+            query=query,
+            everything=everything,
+        )
 
     def change_view(
         self,
@@ -786,9 +775,8 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
                         version = services.profile_version_propose(
                             workspace=workspace, document=document, proposed_by=_operator(request)
                         )
-                    except (services.ProfileServiceError, InvalidProfileError) as error:
-                        for problem in getattr(error, "problems", [error]):
-                            form.add_error("document", str(problem))
+                    except REFUSALS as error:
+                        form_refusal(form, error)
                     else:
                         self.log_addition(request, version, [{"added": {}}])
                         self.message_user(
@@ -803,18 +791,18 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         else:
             form = ProfileProposeForm(user=request.user)
             form.initial.update(initial_proposal(form, request.GET.get("workspace")))
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": "Propose a profile version",
-            "form": form,
-            "diff": diff,
-            "limits": limits,
-            "runbook_url": runbook_url(),
-            "runbook_id": RUNBOOK_ID,
+        return admin_page(
+            self,
+            request,
+            "admin/admission/profileversion/propose.html",
+            title="Propose a profile version",
+            form=form,
+            diff=diff,
+            limits=limits,
+            runbook_url=runbook_url(),
+            runbook_id=RUNBOOK_ID,
             **(extra_context or {}),
-        }
-        return TemplateResponse(request, "admin/admission/profileversion/propose.html", context)
+        )
 
     def _decision_page(
         self, request: HttpRequest, queryset: QuerySet[ProfileVersion], decision: str
@@ -1090,7 +1078,7 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
         "digest",
         "profile_digest",
         "at",
-        "at_epoch_ms",
+        "at_epoch_ms_readable",
         "actor",
         "approval",
         "rollback_request",
@@ -1098,6 +1086,11 @@ class ProfileChangeRecordAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, ad
         "record_json",
     )
     fields = readonly_fields
+
+    @admin.display(description="at epoch ms")
+    def at_epoch_ms_readable(self, obj: ProfileChangeRecord) -> str:
+        # Whole milliseconds for reading; the record's JSON below keeps the fraction.
+        return readable_number(round(obj.at_epoch_ms))
 
     @admin.display(description="at (UTC)", ordering="at")
     def when(self, obj: ProfileChangeRecord) -> str:

@@ -2,9 +2,10 @@
 
 For one workspace the signed-in user belongs to (any role; principal ids are shown only here,
 inside the workspace's own page), over a chosen time range: calls, actual tokens and cost,
-admitted, deferred and refused attempts and the queue delay, per hour as server-drawn SVG
-charts, and summed per provider and per principal. The figures are the hourly aggregates of
-`evaluator.services.usage`; the CSV export is the API's (`…/usage.csv`).
+admitted, deferred and refused attempts (the deferrals and refusals by reason) and the queue
+delay, per hour (per day for ranges over two days) as server-drawn SVG charts, and summed per
+provider and per principal. The figures are the aggregates of `evaluator.services.usage`; the
+CSV export is the API's (`…/usage.csv`).
 """
 
 from __future__ import annotations
@@ -29,44 +30,57 @@ CHART_WIDTH = 600
 TOP_PRINCIPALS = 50
 
 
-def _x(hour: datetime, end: datetime) -> float:
-    return (hour - end).total_seconds() / 3600.0
-
-
 def _charts(series: dict[str, Any], end: datetime) -> list[SvgMarkup]:
-    hours = series["hours"]
+    points = series["points"]
+    unit = series["granularity"]
+    seconds = 86400.0 if unit == "day" else 3600.0
 
     def line(name: str, label: str) -> Series:
-        return Series(label, [(_x(h["hour"], end), float(h[name])) for h in hours], step=True)
+        return Series(
+            label,
+            [((p["start"] - end).total_seconds() / seconds, float(p[name])) for p in points],
+            step=True,
+        )
 
-    x_label = "hours before the end of the range"
+    x_label = f"{unit}s before the end of the range"
     charts = [
         line_chart(
-            [line("calls", "calls sent"), line("admitted", "admitted"), line("refused", "refused")],
-            title="Calls and admission decisions per hour",
+            [
+                line("calls", "calls sent"),
+                line("admitted", "admitted"),
+                line("deferred", "deferred"),
+                line("refused", "refused"),
+            ],
+            title=f"Calls and admission decisions per {unit}",
             x_label=x_label,
             y_label="per hour",
             width=CHART_WIDTH,
         ),
         line_chart(
             [line("tokens", "actual tokens")],
-            title="Actual tokens per hour",
+            title=f"Actual tokens per {unit}",
             x_label=x_label,
             y_label="tokens",
             width=CHART_WIDTH,
         ),
         line_chart(
             [line("cost_usd", "actual cost")],
-            title="Actual cost per hour (USD)",
+            title=f"Actual cost per {unit} (USD)",
             x_label=x_label,
             y_label="USD",
             width=CHART_WIDTH,
         ),
         line_chart(
             [line("mean_queue_delay_ms", "mean queue delay")],
-            title="Mean queue delay of admitted calls per hour (ms)",
+            title=f"Mean queue delay of admitted calls per {unit} (ms)",
             x_label=x_label,
             y_label="ms",
+            width=CHART_WIDTH,
+        ),
+        bar_chart(
+            [Bar(reason, count) for reason, count in series["deferred_by_reason"].items()],
+            title="Deferred by reason",
+            value_label="deferred attempts",
             width=CHART_WIDTH,
         ),
         bar_chart(
@@ -105,8 +119,8 @@ def usage_view(request: HttpRequest) -> HttpResponse:
         context["range_error"] = f"{error.field}: {error}"
     context.update(start=start, end=end, preset=preset)
     if workspace is not None:
-        rows = usage.usage_hours(workspace, start, end, provider=context["provider"] or None)
-        providers = usage.usage_totals(usage.usage_hours(workspace, start, end), "provider_id")
+        rows = usage.usage_rows(workspace, start, end, provider=context["provider"] or None)
+        providers = usage.usage_totals(usage.usage_rows(workspace, start, end), "provider_id")
         if context["provider"]:
             total = usage.usage_totals_summed(
                 [p for p in providers if p.key == context["provider"]]
@@ -124,6 +138,9 @@ def usage_view(request: HttpRequest) -> HttpResponse:
             principals=principals[:TOP_PRINCIPALS],
             more_principals=max(0, len(principals) - TOP_PRINCIPALS),
             charts=_charts(series, end),
+            granularity=series["granularity"],
+            deferred_by_reason=series["deferred_by_reason"],
+            refused_by_reason=series["refused_by_reason"],
             csv_url=reverse("workspace-usage-csv", kwargs={"workspace_key": workspace.key})
             + "?"
             + urlencode(query),

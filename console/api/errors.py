@@ -1,5 +1,9 @@
 """One error shape for the REST API: `{"error": {"type", "detail", "fields"}}` plus DRF's fields.
 
+A service's refusal (`admission.core.ServiceError`, raised by the admission and evaluator
+services) is translated here and nowhere else: `invalid` answers 400 naming the field at fault
+(`fields`), the other codes answer the status of `REFUSAL_STATUS` with the code as the type.
+
 DRF's views answer through `exception_handler`; what happens outside them (a URL under /api/
 that matches no route, a server error, a body Django refused before a view ran) goes through
 the `handler*` views of `config.urls`, which answer the same shape under /api/ and Django's
@@ -23,6 +27,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from admission.core import ServiceError
 from console.api.parsers import request_too_large
 
 API_PREFIX = "/api/"
@@ -32,9 +37,42 @@ _DATABASE_DOWN = (OperationalError, InterfaceError)
 _DATABASE_DETAIL = "The database is not reachable right now; nothing was changed. Retry shortly."
 
 
+# The status each refusal code answers; an `invalid` refusal answers 400 with its field.
+REFUSAL_STATUS = {
+    "four_eyes": 403,
+    "permission_denied": 403,
+    "conflict": 409,
+    "run-finished": 409,
+    "throttled": 429,
+    "broker-unavailable": 503,
+}
+
+
+class Refused(exceptions.APIException):
+    """A service's refusal other than `invalid`: its code is the answer's type."""
+
+    def __init__(self, error: ServiceError) -> None:
+        self.status_code = REFUSAL_STATUS.get(error.code, 400)
+        self.default_code = error.code
+        super().__init__(detail=str(error), code=error.code)
+
+
+def refusal(error: ServiceError, view: Any = None) -> exceptions.APIException:
+    """The API's answer to a service's refusal. A view whose every refusal is about one input
+    names it in `refusal_field` (the profile list's POST: its `document`)."""
+    field = getattr(view, "refusal_field", None)
+    if field is None and error.code == "invalid":
+        field = error.document or error.field or "non_field_errors"
+    if field is not None:
+        return exceptions.ValidationError({field: error.reasons()})
+    return Refused(error)
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ServiceError):
+        exc = refusal(exc, context.get("view"))
     # Django's own exceptions get the code of the DRF exception they stand for.
-    if isinstance(exc, Http404):
+    elif isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
         exc = exceptions.PermissionDenied(str(exc) or None)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from console.charts.svg import Bar, Reference, Series, SvgMarkup, bar_chart, line_chart
+from console.templatetags.readable import readable_number
 from evaluator.harness.records import MODE_STAGED
 
 __all__ = ["BoundRow", "Glance", "load_run_bounds", "load_run_charts", "load_run_glance"]
@@ -138,10 +139,14 @@ class Glance:
     numbers: tuple[tuple[str, str, str], ...] = ()
 
 
-def _figure(value: Any, unit: str = "") -> str:
+def _figure(value: Any, unit: str = "", *, beside: Any = None) -> str:
+    """`value` rounded for reading; more digits only where rounding would make it read as
+    the bound `beside` while it differs from it."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return "—"
-    text = f"{value:,}" if float(value).is_integer() else f"{value:,.4f}".rstrip("0")
+    text = readable_number(value)
+    if isinstance(beside, int | float) and value != beside and text == readable_number(beside):
+        text = f"{value:,.6g}"
     return f"{text} {unit}".strip()
 
 
@@ -156,7 +161,7 @@ def _row(
     limit = (limits or {}).get(bound)
     sign = "≥" if bound.startswith("minimum") else "≤"
     shown_bound = f"{sign} {_figure(limit, unit)}" if limit is not None else ""
-    return (name, _figure(observations.get(key), unit), shown_bound)
+    return (name, _figure(observations.get(key), unit, beside=limit), shown_bound)
 
 
 def load_run_glance(
@@ -209,7 +214,7 @@ def load_run_bounds(record: Mapping[str, Any] | None) -> list[BoundRow]:
     return [
         BoundRow(
             str(item.get("bound", "")),
-            _figure(item.get("observed")),
+            _figure(item.get("observed"), beside=item.get("limit")),
             _figure(item.get("limit")),
             bool(item.get("pass")),
         )

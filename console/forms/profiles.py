@@ -74,8 +74,8 @@ class ProfileProposeForm(forms.Form):
             self.profile = services.profile_document_check(workspace, document)
         except InvalidProfileError as error:
             # Every problem of the document, each naming its field.
-            for problem in getattr(error, "problems", [error]):
-                self.add_error("document", str(problem))
+            for reason in error.reasons():
+                self.add_error("document", reason)
             return cleaned
         existing = selectors.profile_version_get(
             workspace=workspace, label=self.profile.profile_version

@@ -33,6 +33,7 @@ from evaluator.engine.adapters.base import (
     AdapterCall,
     AdapterError,
 )
+from evaluator.engine.deferrals import DeferralLog
 from evaluator.engine.estimates import EstimateFn
 from evaluator.engine.holds import hold_release
 from evaluator.engine.outcomes import (
@@ -95,6 +96,8 @@ class AttemptContext:
     journal: ReceiptJournal | None
     # The workspace's shadow when the run started: every admission request is mirrored to it.
     shadow: ShadowAdmission | None = None
+    # Notes why each attempt's admission request was deferred (the record says so).
+    deferrals: DeferralLog | None = None
 
     def elapsed_ms(self) -> float:
         return self.clock.monotonic_ms() - self.origin_ms
@@ -159,10 +162,17 @@ async def run_attempt(
     span = ctx.telemetry.start(request, target.adapter) if ctx.telemetry is not None else None
     mirror = ctx.shadow.mirror(request, retry=number > 1) if ctx.shadow is not None else None
     outage = _OutageWait()
+    deferrals = ctx.deferrals
+    if deferrals is not None:
+        deferrals.follow(request)
     try:
         try:
             lease = await _acquire(ctx, request, signal, outage)
         except AdmissionRejected as rejection:
+            if deferrals is not None:
+                waited = rejection.evidence.queue_delay_ms if rejection.evidence else None
+                base["deferred_by"] = tuple(deferrals.reasons(request, waited)) or None
+                deferrals = None
             if mirror is not None:
                 mirror.rejected(rejection)
             if span is not None:
@@ -188,11 +198,18 @@ async def run_attempt(
             )
             return outage.noted(record), None
         except BaseException:
+            if deferrals is not None:
+                deferrals.reasons(request, None)
+                deferrals = None
             if mirror is not None:
                 mirror.abandoned()
             if span is not None:
                 span.abandoned()
             raise
+        if deferrals is not None:
+            waited = lease.evidence.queue_delay_ms
+            base["deferred_by"] = tuple(deferrals.reasons(request, waited)) or None
+            deferrals = None
         if mirror is not None:
             mirror.admitted(lease)
         if span is not None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from admission.core.errors import ServiceError
+
 __all__ = ["InvalidDefinitionError", "ReceiptConflictError"]
 
 
-class InvalidDefinitionError(ValueError):
+class InvalidDefinitionError(ServiceError, ValueError):
     """A ruleset, request or referenced profile is malformed; nothing was dispatched.
 
     ``reason`` is always ``"invalid-definition"``; ``field`` is the dotted path of the offending
@@ -13,9 +15,12 @@ class InvalidDefinitionError(ValueError):
     """
 
     reason = "invalid-definition"
+    field: str
 
     def __init__(self, field: str, problem: str) -> None:
-        super().__init__(field, problem)
+        # As the core's `InvalidProfileError`: both parts in args, so it survives pickling.
+        Exception.__init__(self, field, problem)
+        self.message = problem
         self.field = field
         self.problem = problem
 

@@ -98,6 +98,8 @@ class AttemptRecord:
     # attempt waited through instead of failing: count by reason, and the time spent waiting.
     infrastructure_refusals: Mapping[str, int] | None = None
     infrastructure_wait_ms: float | None = None
+    # The reasons admission deferred this attempt for before its decision, first seen first.
+    deferred_by: tuple[str, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
@@ -125,6 +127,8 @@ class AttemptRecord:
         if self.infrastructure_refusals:
             doc["infrastructureRefusals"] = dict(self.infrastructure_refusals)
             doc["infrastructureWaitMs"] = self.infrastructure_wait_ms or 0.0
+        if self.deferred_by:
+            doc["deferredBy"] = list(self.deferred_by)
         return doc
 
     @classmethod
@@ -148,6 +152,7 @@ class AttemptRecord:
             permit_held=doc.get("permitHeld"),
             infrastructure_refusals=doc.get("infrastructureRefusals"),
             infrastructure_wait_ms=doc.get("infrastructureWaitMs"),
+            deferred_by=tuple(doc["deferredBy"]) if doc.get("deferredBy") else None,
         )
 
 

@@ -1,9 +1,11 @@
-"""The evaluator services' refusals: one family, each with a `type` the interfaces report and
-the `field` at fault when there is one."""
+"""The evaluator services' refusals: `ServiceError`s (admission.core), each with a `code` the
+interfaces report and the `field` at fault when there is one."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from admission.core import ServiceError
 
 if TYPE_CHECKING:
     from evaluator.models import EvaluationRun, LoadRun
@@ -20,16 +22,9 @@ __all__ = [
 BROKER_UNAVAILABLE = "broker-unavailable"
 
 
-class RunServiceError(Exception):
-    """A run could not be submitted; `field` names the input at fault when there is one."""
-
-    type = "invalid"
-    field: str | None = None
-
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        if field is not None:
-            self.field = field
+class RunServiceError(ServiceError):
+    """A run could not be submitted, cancelled or ended as asked; `field` names the input at
+    fault when there is one."""
 
 
 class InvalidRunRequest(RunServiceError):
@@ -39,13 +34,13 @@ class InvalidRunRequest(RunServiceError):
 class LoadRunNotAllowed(RunServiceError):
     """Only operators of the workspace start load runs (`admission.access`)."""
 
-    type = "permission_denied"
+    code = "permission_denied"
 
 
 class BrokerUnavailable(RunServiceError):
     """The broker did not take the task; the run row says `failed` / `broker-unavailable`."""
 
-    type = BROKER_UNAVAILABLE
+    code = BROKER_UNAVAILABLE
 
     def __init__(self, message: str, *, run: EvaluationRun | LoadRun) -> None:
         super().__init__(message)
@@ -55,4 +50,4 @@ class BrokerUnavailable(RunServiceError):
 class LoadRunBacklogFull(RunServiceError):
     """The workspace already has `SLUICE_WORKSPACE_LOAD_RUNS_QUEUED` load runs waiting."""
 
-    type = "throttled"
+    code = "throttled"

@@ -1,11 +1,15 @@
 """Usage over time: hourly aggregates per workspace, provider and principal.
 
 When an evaluation run finishes, `usage_record_run` adds its attempts to the `UsageHour` rows of
-the hour it finished, in the transaction that finishes it (so a run counts once): calls sent,
-the actual tokens and cost that were reconciled with admission on release, admitted, deferred
-(admitted after waiting) and refused attempts with the refusal reasons, and the admitted queue
-delay. Rows older than `SLUICE_USAGE_RETENTION_DAYS` are removed. The selectors below read them
-for the admin's usage page, the REST API and the CSV export.
+the hour it finished and to the `UsageDay` rows of that UTC day, in the transaction that
+finishes it (so a run counts once, and a day is always the sum of its hours): calls sent, the
+actual tokens and cost that were reconciled with admission on release, admitted attempts,
+deferred attempts (those that waited in the admission queue, admitted or not) by the reasons
+they were deferred for (the attempt's `deferredBy`), refused attempts by reason, and the
+admitted queue delay. Whole days older than `SLUICE_USAGE_RETENTION_DAYS` are removed, hours and
+days together. The selectors below read them for the admin's usage page, the REST API and the
+CSV export: ranges up to `DAY_ROWS_AFTER` hour by hour, longer ones day by day (whole days from
+`UsageDay`, the hours at either end from `UsageHour`).
 """
 
 from __future__ import annotations
@@ -28,15 +32,19 @@ from django.db.models import F, Max, QuerySet, Sum
 from django.utils import timezone
 
 from admission.models import Workspace
-from evaluator.models import EvaluationRun, UsageHour
+from evaluator.models import EvaluationRun, UsageDay, UsageFigures, UsageHour
 
 __all__ = [
     "CSV_COLUMNS",
+    "DAY_ROWS_AFTER",
+    "UsageRows",
     "UsageTotals",
     "usage_csv",
     "usage_hours",
     "usage_prune",
+    "usage_reasons",
     "usage_record_run",
+    "usage_rows",
     "usage_series",
     "usage_totals",
     "usage_totals_summed",
@@ -53,11 +61,16 @@ CSV_COLUMNS = (
     "unpriced_calls",
     "admitted",
     "deferred",
+    "deferred_by_reason",
     "refused",
     "refused_by_reason",
     "queue_delay_ms_sum",
     "queue_delay_ms_max",
 )
+# Ranges longer than this are read day by day.
+DAY_ROWS_AFTER = timedelta(days=2)
+# An attempt that waited before this was recorded (no `deferredBy`) counts under this reason.
+UNRECORDED = "unrecorded"
 _PRUNE_EVERY_SECONDS = 3600.0
 _pruned_at = 0.0
 _prune_lock = threading.Lock()
@@ -65,6 +78,16 @@ _prune_lock = threading.Lock()
 
 def _hour(at: datetime) -> datetime:
     return at.astimezone(dt.UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _day(at: datetime) -> datetime:
+    return at.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def _day_after(at: datetime) -> datetime:
+    """The first midnight at or after `at`."""
+    day = _day(at)
+    return day if day == at else day + timedelta(days=1)
 
 
 @dataclass
@@ -76,6 +99,7 @@ class _Usage:
     unpriced_calls: int = 0
     admitted: int = 0
     deferred: int = 0
+    deferred_by_reason: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     refused: int = 0
     refused_by_reason: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     queue_delay_ms_sum: float = 0.0
@@ -86,6 +110,17 @@ def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value)
+
+
+def _deferred_by(attempt: dict[str, Any], evidence: dict[str, Any]) -> list[str]:
+    """The reasons an attempt was deferred for; one that waited before they were recorded
+    counts under `UNRECORDED`."""
+    reasons = attempt.get("deferredBy")
+    if isinstance(reasons, list) and reasons:
+        return [str(reason) for reason in dict.fromkeys(reasons)]
+    if "deferredBy" not in attempt and (_number(evidence.get("queueDelayMs")) or 0.0) > 0:
+        return [UNRECORDED]
+    return []
 
 
 def _tally(attempts: Iterable[Any]) -> dict[str, _Usage]:
@@ -102,11 +137,14 @@ def _tally(attempts: Iterable[Any]) -> dict[str, _Usage]:
             delay = _number(evidence.get("queueDelayMs")) or 0.0
             usage.queue_delay_ms_sum += delay
             usage.queue_delay_ms_max = max(usage.queue_delay_ms_max, delay)
-            if delay > 0:
-                usage.deferred += 1
         elif decision == "reject":
             usage.refused += 1
             usage.refused_by_reason[str(evidence.get("reason") or "unknown")] += 1
+        deferred_by = _deferred_by(attempt, evidence)
+        if deferred_by:
+            usage.deferred += 1
+            for reason in deferred_by:
+                usage.deferred_by_reason[reason] += 1
         if attempt.get("sent"):
             usage.calls += 1
             tokens = _number(attempt.get("tokens"))
@@ -121,36 +159,55 @@ def _tally(attempts: Iterable[Any]) -> dict[str, _Usage]:
     return used
 
 
+def _merged(stored: dict[str, Any] | None, added: dict[str, int]) -> dict[str, int]:
+    merged = {str(k): int(v) for k, v in (stored or {}).items()}
+    for reason, count in added.items():
+        merged[reason] = merged.get(reason, 0) + count
+    return merged
+
+
+def _add(
+    model: type[UsageFigures],
+    period: str,
+    at: datetime,
+    run: EvaluationRun,
+    provider: str,
+    usage: _Usage,
+) -> None:
+    row, _ = model.objects.select_for_update().get_or_create(  # type: ignore[attr-defined]
+        workspace_id=run.workspace_id,
+        provider_id=provider,
+        principal_id=run.principal_id,
+        **{period: at},
+    )
+    model.objects.filter(pk=row.pk).update(  # type: ignore[attr-defined]
+        runs=F("runs") + usage.runs,
+        calls=F("calls") + usage.calls,
+        tokens=F("tokens") + usage.tokens,
+        cost_usd=F("cost_usd") + usage.cost_usd,
+        unpriced_calls=F("unpriced_calls") + usage.unpriced_calls,
+        admitted=F("admitted") + usage.admitted,
+        deferred=F("deferred") + usage.deferred,
+        deferred_by_reason=_merged(row.deferred_by_reason, usage.deferred_by_reason),
+        refused=F("refused") + usage.refused,
+        refused_by_reason=_merged(row.refused_by_reason, usage.refused_by_reason),
+        queue_delay_ms_sum=F("queue_delay_ms_sum") + usage.queue_delay_ms_sum,
+        queue_delay_ms_max=max(row.queue_delay_ms_max, usage.queue_delay_ms_max),
+    )
+
+
 def usage_record_run(run: EvaluationRun) -> None:
-    """Add a finishing run's attempts to its workspace's hourly usage. Call inside the
-    transaction that finishes the run."""
+    """Add a finishing run's attempts to its workspace's hourly and daily usage. Call inside
+    the transaction that finishes the run."""
     used = _tally(run.attempts or [])
     if not used:
         return
-    hour = _hour(run.finished_at or timezone.now())
-    for provider, usage in sorted(used.items()):
-        row, _ = UsageHour.objects.select_for_update().get_or_create(
-            workspace_id=run.workspace_id,
-            hour=hour,
-            provider_id=provider,
-            principal_id=run.principal_id,
-        )
-        reasons = dict(row.refused_by_reason or {})
-        for reason, count in usage.refused_by_reason.items():
-            reasons[reason] = int(reasons.get(reason, 0)) + count
-        UsageHour.objects.filter(pk=row.pk).update(
-            runs=F("runs") + usage.runs,
-            calls=F("calls") + usage.calls,
-            tokens=F("tokens") + usage.tokens,
-            cost_usd=F("cost_usd") + usage.cost_usd,
-            unpriced_calls=F("unpriced_calls") + usage.unpriced_calls,
-            admitted=F("admitted") + usage.admitted,
-            deferred=F("deferred") + usage.deferred,
-            refused=F("refused") + usage.refused,
-            refused_by_reason=reasons,
-            queue_delay_ms_sum=F("queue_delay_ms_sum") + usage.queue_delay_ms_sum,
-            queue_delay_ms_max=max(row.queue_delay_ms_max, usage.queue_delay_ms_max),
-        )
+    finished = run.finished_at or timezone.now()
+    hour, day = _hour(finished), _day(finished)
+    # Hours first, then days, each in provider order: concurrent runs lock rows in one order.
+    for model, period, at in ((UsageHour, "hour", hour), (UsageDay, "day", day)):
+        for provider, usage in sorted(used.items()):
+            _add(model, period, at, run, provider, usage)
     _prune_now_and_then()
 
 
@@ -165,13 +222,24 @@ def _prune_now_and_then() -> None:
 
 
 def usage_prune(now: datetime | None = None) -> int:
-    """Remove hours older than the retention (SLUICE_USAGE_RETENTION_DAYS); returns how many."""
+    """Remove the days (and their hours) that ended more than the retention ago
+    (SLUICE_USAGE_RETENTION_DAYS), whole days only; returns how many rows went."""
     cutoff = (now or timezone.now()) - timedelta(days=float(settings.SLUICE_USAGE_RETENTION_DAYS))
-    deleted, _ = UsageHour.objects.filter(hour__lt=_hour(cutoff)).delete()
-    return deleted
+    with transaction.atomic():
+        hours, _ = UsageHour.objects.filter(hour__lt=_day(cutoff)).delete()
+        days, _ = UsageDay.objects.filter(day__lt=_day(cutoff)).delete()
+    return hours + days
 
 
 # ------------------------------------------------------------------------------- selectors
+
+
+def _filtered(rows: QuerySet[Any], provider: str | None, principal: str | None) -> QuerySet[Any]:
+    if provider:
+        rows = rows.filter(provider_id=provider)
+    if principal:
+        rows = rows.filter(principal_id=principal)
+    return rows
 
 
 def usage_hours(
@@ -184,11 +252,54 @@ def usage_hours(
 ) -> QuerySet[UsageHour]:
     """The workspace's hourly rows with `start <= hour < end`, oldest first."""
     rows = UsageHour.objects.filter(workspace=workspace, hour__gte=_hour(start), hour__lt=end)
-    if provider:
-        rows = rows.filter(provider_id=provider)
-    if principal:
-        rows = rows.filter(principal_id=principal)
-    return rows.order_by("hour", "provider_id", "principal_id")
+    return _filtered(rows, provider, principal).order_by("hour", "provider_id", "principal_id")
+
+
+@dataclass(frozen=True)
+class UsageRows:
+    """The rows that make up a range: with `granularity` "hour" every hour from `hours`;
+    with "day" the whole days from `days` and the hours before the first and after the last
+    whole day from `hours`."""
+
+    start: datetime
+    end: datetime
+    granularity: str
+    hours: QuerySet[UsageHour]
+    days: QuerySet[UsageDay] | None = None
+
+    def parts(self) -> list[QuerySet[Any]]:
+        return [self.hours] if self.days is None else [self.days, self.hours]
+
+
+def usage_rows(
+    workspace: Workspace,
+    start: datetime,
+    end: datetime,
+    *,
+    provider: str | None = None,
+    principal: str | None = None,
+) -> UsageRows:
+    """The rows of `[start, end)`: hour by hour up to `DAY_ROWS_AFTER`, else day by day."""
+    start = _hour(start)
+    first_day, last_day = _day_after(start), _day(end)
+    if end - start <= DAY_ROWS_AFTER or last_day <= first_day:
+        hours = usage_hours(workspace, start, end, provider=provider, principal=principal)
+        return UsageRows(start, end, "hour", hours)
+    days = UsageDay.objects.filter(workspace=workspace, day__gte=first_day, day__lt=last_day)
+    edges = UsageHour.objects.filter(workspace=workspace, hour__gte=start, hour__lt=end).exclude(
+        hour__gte=first_day, hour__lt=last_day
+    )
+    return UsageRows(
+        start,
+        end,
+        "day",
+        _filtered(edges, provider, principal),
+        _filtered(days, provider, principal),
+    )
+
+
+def _parts(rows: UsageRows | QuerySet[Any]) -> list[QuerySet[Any]]:
+    return rows.parts() if isinstance(rows, UsageRows) else [rows]
 
 
 @dataclass(frozen=True)
@@ -225,31 +336,39 @@ _SUMMED = (
 )
 
 
-def usage_totals(rows: QuerySet[UsageHour], by: str | None = None) -> list[UsageTotals]:
+def usage_totals(rows: UsageRows | QuerySet[Any], by: str | None = None) -> list[UsageTotals]:
     """Sums per `by` ("provider_id", "principal_id" or None for one line), largest cost and
     calls first."""
     aggregates = {name: Sum(name) for name in _SUMMED} | {"delay_max": Max("queue_delay_ms_max")}
-    base = rows.order_by()
-    if by is None:
-        whole = base.aggregate(**aggregates)
-        found = [dict(whole, key="all")] if whole["calls"] is not None else []
-    else:
-        found = [dict(row, key=row[by]) for row in base.values(by).annotate(**aggregates)]
+    summed: dict[str, dict[str, Any]] = {}
+    for part in _parts(rows):
+        base = part.order_by()
+        if by is None:
+            whole = base.aggregate(**aggregates)
+            found = [dict(whole, key="all")] if whole["calls"] is not None else []
+        else:
+            found = [dict(row, key=row[by]) for row in base.values(by).annotate(**aggregates)]
+        for row in found:
+            into = summed.setdefault(str(row["key"]), {name: 0 for name in _SUMMED} | {"max": 0.0})
+            for name in _SUMMED:
+                into[name] += row[name] or 0
+            into["max"] = max(into["max"], row["delay_max"] or 0.0)
     totals = [
         UsageTotals(
-            key=str(row["key"]),
-            **{name: (row[name] or 0) for name in _SUMMED},
-            queue_delay_ms_max=row["delay_max"] or 0.0,
+            key=key,
+            **{name: row[name] for name in _SUMMED},
+            queue_delay_ms_max=row["max"],
         )
-        for row in found
+        for key, row in summed.items()
     ]
     totals.sort(key=lambda t: (-t.cost_usd, -t.calls, t.key))
     return totals
 
 
-def _refusal_reasons(rows: QuerySet[UsageHour]) -> dict[str, int]:
-    """Refusals by reason over `rows`, summed in the database where it can read JSON."""
-    inner = rows.filter(refused__gt=0).order_by().values("refused_by_reason")
+def _reasons(rows: QuerySet[Any], column: str, count: str) -> dict[str, int]:
+    """`column` (a reason -> count JSON) summed over `rows`, in the database where it can read
+    JSON."""
+    inner = rows.filter(**{f"{count}__gt": 0}).order_by().values(column)
     vendor = connection.vendor
     if vendor in ("postgresql", "sqlite"):
         sql, params = inner.query.sql_with_params()
@@ -258,15 +377,26 @@ def _refusal_reasons(rows: QuerySet[UsageHour]) -> dict[str, int]:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT r.key, SUM({value}) FROM ({sql}) AS u, "
-                f"{each}(u.refused_by_reason) AS r GROUP BY r.key",
+                f"{each}(u.{column}) AS r GROUP BY r.key",
                 params,
             )
             return {str(key): int(total) for key, total in cursor.fetchall()}
     reasons: dict[str, int] = defaultdict(int)
     for found in inner:
-        for reason, count in (found["refused_by_reason"] or {}).items():
-            reasons[reason] += int(count)
+        for reason, n in (found[column] or {}).items():
+            reasons[reason] += int(n)
     return dict(reasons)
+
+
+def usage_reasons(rows: UsageRows | QuerySet[Any]) -> dict[str, dict[str, int]]:
+    """`{"deferred": {reason: attempts}, "refused": {reason: attempts}}` over the rows, each
+    sorted by reason. An attempt deferred for two reasons counts under both."""
+    found: dict[str, dict[str, int]] = {"deferred": {}, "refused": {}}
+    for part in _parts(rows):
+        for kind in found:
+            for reason, n in _reasons(part, f"{kind}_by_reason", kind).items():
+                found[kind][reason] = found[kind].get(reason, 0) + n
+    return {kind: dict(sorted(reasons.items())) for kind, reasons in found.items()}
 
 
 def usage_totals_summed(parts: list[UsageTotals]) -> UsageTotals | None:
@@ -280,43 +410,66 @@ def usage_totals_summed(parts: list[UsageTotals]) -> UsageTotals | None:
     )
 
 
-def usage_series(rows: QuerySet[UsageHour], start: datetime, end: datetime) -> dict[str, Any]:
-    """Per hour from `start` to `end` (every hour, empty ones as 0): calls, tokens, cost,
-    refused, admitted and the mean queue delay; and refusals by reason over the range. Summed
-    in the database."""
-    summed: dict[datetime, dict[str, Any]] = {
-        row["hour"]: dict(row)
-        for row in rows.order_by()
-        .values("hour")
-        .annotate(
-            calls_=Sum("calls"),
-            tokens_=Sum("tokens"),
-            cost_=Sum("cost_usd"),
-            admitted_=Sum("admitted"),
-            refused_=Sum("refused"),
-            delay_=Sum("queue_delay_ms_sum"),
-        )
-    }
-    series = []
-    at = _hour(start)
+_SERIES = {
+    "calls_": Sum("calls"),
+    "tokens_": Sum("tokens"),
+    "cost_": Sum("cost_usd"),
+    "admitted_": Sum("admitted"),
+    "deferred_": Sum("deferred"),
+    "refused_": Sum("refused"),
+    "delay_": Sum("queue_delay_ms_sum"),
+}
+
+
+def usage_series(
+    rows: UsageRows | QuerySet[UsageHour], start: datetime, end: datetime
+) -> dict[str, Any]:
+    """Per hour (or per day, for rows read day by day) from `start` to `end`, every period
+    and empty ones as 0: calls, tokens, cost, admitted, deferred, refused and the mean queue
+    delay; and the deferrals and refusals by reason over the range. Summed in the database.
+    Returns `{"granularity", "points": [{"start", ...}], "deferred_by_reason",
+    "refused_by_reason"}`."""
+    daily = isinstance(rows, UsageRows) and rows.granularity == "day"
+    floor = _day if daily else _hour
+    step = timedelta(days=1) if daily else timedelta(hours=1)
+    summed: dict[datetime, dict[str, Any]] = defaultdict(lambda: defaultdict(float))
+    for part in _parts(rows):
+        period = "day" if part.model is UsageDay else "hour"
+        for found in part.order_by().values(period).annotate(**_SERIES):
+            into = summed[floor(found[period])]
+            for name in _SERIES:
+                into[name] += found[name] or 0
+    points = []
+    at = floor(start)
     while at < end:
         row: dict[str, Any] = summed.get(at) or {}
         admitted = int(row.get("admitted_") or 0)
-        series.append(
+        points.append(
             {
-                "hour": at,
+                "start": at,
                 "calls": int(row.get("calls_") or 0),
                 "tokens": int(row.get("tokens_") or 0),
                 "cost_usd": float(row.get("cost_") or 0.0),
                 "admitted": admitted,
+                "deferred": int(row.get("deferred_") or 0),
                 "refused": int(row.get("refused_") or 0),
                 "mean_queue_delay_ms": float(row.get("delay_") or 0.0) / admitted
                 if admitted
                 else 0.0,
             }
         )
-        at += timedelta(hours=1)
-    return {"hours": series, "refused_by_reason": dict(sorted(_refusal_reasons(rows).items()))}
+        at += step
+    reasons = usage_reasons(rows)
+    return {
+        "granularity": "day" if daily else "hour",
+        "points": points,
+        "deferred_by_reason": reasons["deferred"],
+        "refused_by_reason": reasons["refused"],
+    }
+
+
+def _reasons_text(reasons: dict[str, Any] | None) -> str:
+    return json.dumps(reasons or {}, sort_keys=True, separators=(",", ":"))
 
 
 def _csv_row(row: UsageHour) -> list[Any]:
@@ -331,8 +484,9 @@ def _csv_row(row: UsageHour) -> list[Any]:
         row.unpriced_calls,
         row.admitted,
         row.deferred,
+        _reasons_text(row.deferred_by_reason),
         row.refused,
-        json.dumps(row.refused_by_reason, sort_keys=True, separators=(",", ":")),
+        _reasons_text(row.refused_by_reason),
         repr(row.queue_delay_ms_sum),
         repr(row.queue_delay_ms_max),
     ]

@@ -13,7 +13,10 @@ function here is one short transaction and safe to call from several worker proc
 - Each claim sets a fresh `claim` token. Heartbeats, the final write and giving a run back all
   name the token, so a worker whose run was taken back cannot overwrite the next claimant's.
 - `runs_sweep` gives back to the backlog every `running` run whose claimant stopped
-  heartbeating (or, on this host, whose process no longer exists).
+  heartbeating (or, on this host, whose process no longer exists). A sweeper judges other
+  workers' heartbeats only while its own view of the database has been continuous
+  (`HeartbeatTrust`): an outage or a stall that every worker shared ages every heartbeat at
+  once, and must not pass for the death of the live ones.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import os
 import socket
 import uuid
 from collections import Counter
-from collections.abc import Mapping
-from datetime import timedelta
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -35,6 +38,7 @@ from evaluator.models import EvaluationRun, WorkerProcess
 from evaluator.services import server_clock
 
 __all__ = [
+    "HeartbeatTrust",
     "WorkerRefused",
     "gone_workers",
     "process_start_ticks",
@@ -42,6 +46,7 @@ __all__ = [
     "runs_claim",
     "runs_heartbeat",
     "runs_sweep",
+    "trusted",
     "worker_register",
     "worker_stopped",
 ]
@@ -62,6 +67,56 @@ def _serialize() -> None:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
+
+
+class HeartbeatTrust:
+    """When a sweeper may take a stale heartbeat for a dead claimant.
+
+    A heartbeat older than the stale window means its worker died only if the database answered
+    that worker all along. Each worker knows that of itself: its own beats, on the database's
+    clock, succeed about `SLUICE_RUN_HEARTBEAT_SECONDS` apart while the database answers. A
+    stall of the database shorter than the stale window less one heartbeat interval leaves every
+    live worker's heartbeat younger than the stale window. A longer one shows to each worker as
+    a gap longer than `gap` (three quarters of that: at least one and a half heartbeat
+    intervals, since the window is at least three) between two of its beats, or between its
+    last beat and the sweep; a failed beat (`lost`) means the database was unreachable. Either
+    way every other worker's heartbeat aged just as much, so the sweeper trusts heartbeats again
+    only after a whole stale window of continuous beats, and never across a gap, wherever the
+    stall fell (in a beat, between the beat and the sweep, or in the sweep's own first
+    statement: the sweep asks with its own server time).
+    """
+
+    def __init__(self, *, stale_seconds: float, heartbeat_seconds: float) -> None:
+        self.window = timedelta(seconds=stale_seconds)
+        self.gap = timedelta(seconds=(stale_seconds - heartbeat_seconds) * 3 / 4)
+        self._since: datetime | None = None
+        self._last: datetime | None = None
+
+    @classmethod
+    def from_settings(cls) -> HeartbeatTrust:
+        return cls(
+            stale_seconds=float(settings.SLUICE_RUN_STALE_SECONDS),
+            heartbeat_seconds=float(settings.SLUICE_RUN_HEARTBEAT_SECONDS),
+        )
+
+    def beat(self, at: datetime) -> bool:
+        """This worker's beat stamped `at` is written; True when it follows a stall (a gap
+        after an earlier beat)."""
+        stalled = self._last is not None and at - self._last > self.gap
+        if self._last is None or stalled:
+            self._since = at
+        self._last = at
+        return stalled
+
+    def lost(self) -> None:
+        """A beat or a sweep failed: the database was not reachable."""
+        self._since = self._last = None
+
+    def trusts(self, now: datetime) -> bool:
+        """May a sweep running at server time `now` judge other workers' heartbeats?"""
+        if self._since is None or self._last is None:
+            return False
+        return now - self._last <= self.gap and now - self._since >= self.window
 
 
 # --------------------------------------------------------------------------- worker rows
@@ -204,11 +259,14 @@ def runs_claim(worker_id: str, limit: int) -> list[EvaluationRun]:
     return claimed
 
 
-def runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -> set[uuid.UUID]:
-    """Beat for the worker and for its runs (run id → claim token); returns the ids of runs
-    taken away from this worker (given back, or claimed again by another). A run this claim
-    finished is not taken away: its coroutine is just about to return."""
-    now = server_clock.now()
+def runs_heartbeat(
+    worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID], *, at: datetime | None = None
+) -> set[uuid.UUID]:
+    """Beat for the worker and for its runs (run id → claim token) at server time `at` (read
+    here when None); returns the ids of runs taken away from this worker (given back, or
+    claimed again by another). A run this claim finished is not taken away: its coroutine is
+    just about to return."""
+    now = server_clock.now() if at is None else at
     WorkerProcess.objects.filter(pk=worker_id).update(heartbeat_at=now)
     if not claims:
         return set()
@@ -243,19 +301,24 @@ def gone_workers() -> list[str]:
     return gone
 
 
-def runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
+def trusted(trust_heartbeats: bool | Callable[[datetime], bool], now: datetime) -> bool:
+    """`trust_heartbeats` as a yes or no for a sweep at server time `now`."""
+    return trust_heartbeats(now) if callable(trust_heartbeats) else trust_heartbeats
+
+
+def runs_sweep(*, trust_heartbeats: bool | Callable[[datetime], bool]) -> list[uuid.UUID]:
     """Give back every run whose claimant is gone; returns their ids.
 
     A claimant is gone when it ran on this host and its process no longer exists, or (only when
-    `trust_heartbeats`: the caller itself has reached the database for a whole stale window, so
-    an outage everyone shared is not mistaken for death) when the run's heartbeat is older than
+    `trust_heartbeats`, a yes or no or a judge asked with this sweep's server time, such as
+    `HeartbeatTrust.trusts`, says so) when the run's heartbeat is older than
     `SLUICE_RUN_STALE_SECONDS`.
     """
     now = server_clock.now()
     stale = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
     gone = gone_workers()
     lost = Q(claimed_by__in=gone)
-    if trust_heartbeats:
+    if trusted(trust_heartbeats, now):
         lost |= Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, updated_at__lt=stale)
         WorkerProcess.objects.filter(heartbeat_at__lt=now - timedelta(days=1)).delete()
     found = list(

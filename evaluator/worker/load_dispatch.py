@@ -24,7 +24,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -35,7 +35,7 @@ from django.utils import timezone
 from evaluator.models import LoadRun, WorkerProcess
 from evaluator.services import server_clock
 from evaluator.services.load_runs import load_run_execute_claimed, load_run_give_back
-from evaluator.worker.dispatch import gone_workers
+from evaluator.worker.dispatch import gone_workers, trusted
 
 __all__ = [
     "load_run_claim_one",
@@ -193,9 +193,12 @@ def load_run_execute(
         time.sleep(poll_seconds)
 
 
-def load_runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -> set[uuid.UUID]:
-    """Beat for the load runs this worker holds (run id → claim token); returns the ids of runs
-    no longer held by it (taken back, claimed again, or ended by somebody else)."""
+def load_runs_heartbeat(
+    worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID], *, at: datetime | None = None
+) -> set[uuid.UUID]:
+    """Beat for the load runs this worker holds (run id → claim token) at server time `at`
+    (read here when None); returns the ids of runs no longer held by it (taken back, claimed
+    again, or ended by somebody else)."""
     if not claims:
         return set()
     held = set(
@@ -205,12 +208,12 @@ def load_runs_heartbeat(worker_id: str, claims: Mapping[uuid.UUID, uuid.UUID]) -
     )
     if held:
         LoadRun.objects.filter(claim__in=held, status=RUNNING).update(
-            heartbeat_at=server_clock.now()
+            heartbeat_at=server_clock.now() if at is None else at
         )
     return {run_id for run_id, token in claims.items() if token not in held}
 
 
-def load_runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
+def load_runs_sweep(*, trust_heartbeats: bool | Callable[[datetime], bool]) -> list[uuid.UUID]:
     """Take back every running load run whose claimant is gone (see `dispatch.runs_sweep` for
     when a claimant counts as gone); returns their ids."""
     now = server_clock.now()
@@ -219,7 +222,7 @@ def load_runs_sweep(*, trust_heartbeats: bool) -> list[uuid.UUID]:
     # Workers marked stopped (by a sweep, here or in `dispatch.runs_sweep`) hold nothing any more.
     stopped = WorkerProcess.objects.filter(stopped_at__isnull=False).values("id")
     lost = Q(claimed_by__in=stopped)
-    if trust_heartbeats:
+    if trusted(trust_heartbeats, now):
         lost |= Q(heartbeat_at__lt=stale) | Q(heartbeat_at__isnull=True, updated_at__lt=stale)
     taken = []
     for run in LoadRun.objects.filter(lost, status=RUNNING).only(

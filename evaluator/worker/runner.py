@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 
 from admission.core import AdmissionRegistry
 from admission.runtime import live, refresh
@@ -51,6 +51,7 @@ from evaluator.engine import holds
 from evaluator.engine.errors import InvalidDefinitionError, ReceiptConflictError
 from evaluator.models import EvaluationRun, LoadRun
 from evaluator.services import runs as services
+from evaluator.services import server_clock
 from evaluator.services.load_runs import load_run_execute_claimed, load_run_give_back
 from evaluator.worker import dispatch, execute, load_dispatch
 from evaluator.worker.loop import evaluation_loop
@@ -63,6 +64,9 @@ logger = logging.getLogger(__name__)
 # Runs waiting for admission hold no slot; all runs of a process, waiting or not, stay below
 # this many times its slots.
 _WAITING_FACTOR = 4
+# What a database that is not reachable raises (a closed connection may raise InterfaceError,
+# which Django does not count as a DatabaseError).
+_DATABASE_DOWN = (DatabaseError, InterfaceError)
 # Waits between attempts to write to a database that does not answer.
 _RETRY_FIRST_SECONDS = 0.5
 _RETRY_MAX_SECONDS = 5.0
@@ -117,7 +121,7 @@ class Runner:
         self._wake = threading.Event()
         self._halt = threading.Event()
         self._claiming = True
-        self._db_ok_since: float | None = None
+        self._trust = dispatch.HeartbeatTrust.from_settings()
         self._next_beat = 0.0
         self._next_sweep = 0.0
         self._down_logged = False
@@ -255,13 +259,16 @@ class Runner:
     def _serve(self) -> None:
         poll = float(settings.SLUICE_DISPATCH_POLL_SECONDS)
         while not self._halt.is_set():
+            wait = poll
             try:
                 self._tick()
-            except DatabaseError as error:
+                # Beats keep their interval whatever the poll (HeartbeatTrust counts on it).
+                wait = max(0.0, min(poll, self._next_beat - time.monotonic()))
+            except _DATABASE_DOWN as error:
                 self._database_down(error)
             except Exception:
                 logger.exception("evaluation runner: dispatcher step failed")
-            self._wake.wait(poll)
+            self._wake.wait(wait)
             self._wake.clear()
         connections.close_all()
 
@@ -272,7 +279,7 @@ class Runner:
                 type(error).__name__,
             )
             self._down_logged = True
-        self._db_ok_since = None
+        self._trust.lost()
         connections.close_all()
 
     def _tick(self) -> None:
@@ -280,15 +287,15 @@ class Runner:
         if now >= self._next_beat:
             self._beat()
             self._next_beat = now + float(settings.SLUICE_RUN_HEARTBEAT_SECONDS)
-        if self._db_ok_since is None:
-            self._db_ok_since = now
-            if self._down_logged:
-                logger.warning("evaluation runner: the database answers again")
-                self._down_logged = False
+        if self._down_logged:
+            logger.warning("evaluation runner: the database answers again")
+            self._down_logged = False
         if now >= self._next_sweep:
-            trusted = now - self._db_ok_since >= float(settings.SLUICE_RUN_STALE_SECONDS)
-            self.counters.swept += len(dispatch.runs_sweep(trust_heartbeats=trusted))
-            self.counters.swept += len(load_dispatch.load_runs_sweep(trust_heartbeats=trusted))
+            # Other workers' heartbeats are judged only after a stale window in which this
+            # worker's own beats went through without a gap (dispatch.HeartbeatTrust).
+            trusts = self._trust.trusts
+            self.counters.swept += len(dispatch.runs_sweep(trust_heartbeats=trusts))
+            self.counters.swept += len(load_dispatch.load_runs_sweep(trust_heartbeats=trusts))
             self._next_sweep = now + float(settings.SLUICE_DISPATCH_POLL_SECONDS)
         if self._claiming:
             self._claim_load_runs()
@@ -344,15 +351,23 @@ class Runner:
             self._wake.set()
 
     def _beat(self) -> None:
+        at = server_clock.now()
         with self._lock:
             loads = {run_id: held.token for run_id, held in self._load_held.items()}
-        for run_id in load_dispatch.load_runs_heartbeat(self.worker_id, loads):
+        for run_id in load_dispatch.load_runs_heartbeat(self.worker_id, loads, at=at):
             logger.info(
                 "load run %s is no longer this worker's; it stops at its next report", run_id
             )
         with self._lock:
             claims = {run_id: held.token for run_id, held in self._held.items()}
-        for run_id in dispatch.runs_heartbeat(self.worker_id, claims):
+        taken = dispatch.runs_heartbeat(self.worker_id, claims, at=at)
+        if self._trust.beat(at):
+            logger.warning(
+                "evaluation runner: the database stalled (no heartbeat for over %.1f s); other "
+                "workers' heartbeats are judged again after a whole stale window",
+                self._trust.gap.total_seconds(),
+            )
+        for run_id in taken:
             with self._lock:
                 held = self._held.get(run_id)
             if held is not None and held.future is not None and not held.future.done():
@@ -418,7 +433,7 @@ class Runner:
             )
         except InvalidDefinitionError as error:
             await self._retrying(held, fail("invalid-definition", error.problem, error.field))
-        except (ReceiptConflictError, DatabaseError) as error:
+        except (ReceiptConflictError, *_DATABASE_DOWN) as error:
             # Another claimant wrote the receipt, or the database went away mid-run: the run
             # goes back to the backlog and resumes from whatever its receipt says.
             logger.warning("evaluation %s: %s: %s", run.pk, type(error).__name__, error)
@@ -440,7 +455,7 @@ class Runner:
         while not held.lost:
             try:
                 return await in_database_thread(action, self.database)()
-            except DatabaseError:
+            except _DATABASE_DOWN:
                 await asyncio.sleep(wait)
                 wait = min(_RETRY_MAX_SECONDS, wait * 2)
         return None

@@ -20,7 +20,10 @@ def test_postgres_url_becomes_a_database_entry():
     assert entry["ENGINE"] == "django.db.backends.postgresql"
     assert (entry["NAME"], entry["USER"], entry["PASSWORD"]) == ("sluice", "user", "p@ss")
     assert (entry["HOST"], entry["PORT"]) == ("db.local", "5433")
-    assert entry["OPTIONS"] == {"sslmode": "disable"}
+    # A connection to a server that answers nothing gives up after 5 s unless the URL says.
+    assert entry["OPTIONS"] == {"sslmode": "disable", "connect_timeout": "5"}
+    kept = database_from_url("postgres://u@h/s?connect_timeout=2", Path("/p"))
+    assert kept["OPTIONS"] == {"connect_timeout": "2"}
 
 
 def test_sqlite_urls_relative_and_absolute():

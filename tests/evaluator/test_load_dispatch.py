@@ -177,6 +177,6 @@ def test_the_backlog_cap_refuses_every_interface_the_same_way(operator):
         services.load_run_submit(workspace, operator, MANIFEST, "evaluator")
         with pytest.raises(services.LoadRunBacklogFull) as refused:
             services.load_run_submit(workspace, operator, MANIFEST, "admission-controller")
-    assert refused.value.type == "throttled"
+    assert refused.value.code == "throttled"
     assert "SLUICE_WORKSPACE_LOAD_RUNS_QUEUED" in str(refused.value)
     assert LoadRun.objects.count() == 2

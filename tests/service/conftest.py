@@ -9,13 +9,17 @@ those variables do not point at reachable servers.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,6 +58,30 @@ _CONTROLLED = (
     "SLUICE_WORKSPACE_LOAD_RUNS_QUEUED",
     "DJANGO_SETTINGS_MODULE",
 )
+
+
+_static_lock = threading.Lock()
+_static: list[Path] = []
+
+
+def collected_static(env: dict[str, str]) -> Path:
+    """The project's static files as production serves them: `collectstatic` into a directory
+    of this test session's own (once), which each deployment's STATIC_ROOT links to, so the
+    web server's WhiteNoise serves them with DEBUG off."""
+    with _static_lock:
+        if not _static:
+            var = Path(tempfile.mkdtemp(prefix="sluice-static-"))
+            atexit.register(shutil.rmtree, var, True)
+            subprocess.run(
+                [PYTHON, "manage.py", "collectstatic", "--noinput", "-v", "0"],
+                cwd=ROOT,
+                env={**env, "SLUICE_VAR_DIR": str(var)},
+                check=True,
+                capture_output=True,
+                timeout=180,
+            )
+            _static.append(var / "static")
+        return _static[0]
 
 
 def free_port() -> int:
@@ -245,6 +273,12 @@ class Deployment:
         return process
 
     def start_web(self, env: dict[str, str] | None = None) -> Process:
+        # Static files as in production: collected, served by WhiteNoise (runserver serves
+        # none itself with DEBUG off).
+        var = Path({**self.env, **(env or {})}["SLUICE_VAR_DIR"])
+        var.mkdir(parents=True, exist_ok=True)
+        if not (var / "static").exists():
+            (var / "static").symlink_to(collected_static(self.env), target_is_directory=True)
         port = free_port()
         name = f"web-{len(self.processes)}"
         web = self.start(name, ["manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"], env)

@@ -3,14 +3,16 @@
 The provider is a loopback OpenAI-compatible server that works on every call for a fixed service
 time whether or not the caller is still there, and counts the calls it is working on. Its profile
 allows one call at a time. Run A's call is at the server when it is aborted (a cancel, the run
-taken away from its worker as a sweep does, the worker's admission lease lost while Redis is
-stopped); run B waits for the permit. B's call must not reach the server before A's own timeout
-would have ended A's call: the server never works on two calls at once.
+taken back by another worker's sweeper while its own worker is frozen, the worker's admission
+lease lost while Redis is stopped); run B waits for the permit. B's call must not reach the
+server before A's own timeout would have ended A's call: the server never works on two calls at
+once.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from typing import Any
@@ -45,21 +47,6 @@ services.profile_version_approve(
 )
 print(services.profile_version_activate(version=version, actor=approver).kind)
 """
-
-
-def _take_away(deployment: Deployment, run_id: str) -> int:
-    """Give a run back to the backlog under its worker's feet, as a sweeper that judged the
-    worker dead does."""
-    import psycopg
-
-    assert deployment.database is not None
-    with psycopg.connect(deployment.database.url, autocommit=True) as conn:
-        taken = conn.execute(
-            "UPDATE evaluator_evaluationrun SET status = 'queued', claimed_by = '', claim = NULL,"
-            " heartbeat_at = NULL WHERE id = %s AND status = 'running'",
-            [run_id],
-        ).rowcount
-    return int(taken)
 
 
 def _one_decision(timeout_ms: int, text: str) -> dict[str, Any]:
@@ -147,27 +134,55 @@ def test_a_cancelled_call_keeps_its_permit_until_its_timeout(deployment):
 
 
 @pytest.mark.parametrize("mode", ["full"], indirect=True)
-def test_a_call_of_a_run_taken_away_keeps_its_permit_until_its_timeout(deployment):
-    timeout_ms, service = 5000, 4.5
+def test_a_call_of_a_run_swept_from_a_frozen_worker_keeps_its_permit_until_its_timeout(
+    deployment,
+):
+    # Worker A is frozen (SIGSTOP) with run A's call at the provider, longer than the stale
+    # window; worker B's own sweeper takes run A back and B resumes it. Thawed, A finds run A is
+    # no longer its own and aborts the call, whose permit it holds until A's timeout: run B,
+    # waiting on B for that permit, reaches the provider only then.
+    timeout_ms, service, stale = 10_000, 9.0, 3.0
     with LoopbackServer() as server:
         server.replies.append(Reply(content="yes", delay=service))
         server.default = Reply(content="yes", delay=0.3)
-        _start(deployment, server)
-        first, second, arrived = _a_then_b(deployment, server, timeout_ms)
+        env = _start(deployment, server, {"SLUICE_RUN_STALE_SECONDS": str(stale)})
+        deployment.start_worker({**env, "SLUICE_WORKER_SLOTS": "2"})
+        first = deployment.submit(_one_decision(timeout_ms, "run A"))["id"]
+        assert server.received.acquire(timeout=60), "run A's call never reached the provider"
+        arrived = server.requests[0]["at"]
+        holder = _sql(
+            deployment,
+            "SELECT w.pid FROM evaluator_evaluationrun r JOIN evaluator_workerprocess w "
+            "ON w.id = r.claimed_by WHERE r.id = %s",
+            [first],
+        )[0][0]
+        frozen = next(p for p in deployment.processes if p.pid == holder)
+        sweeper = next(p for p in deployment.processes[1:] if p is not frozen)
 
-        assert _take_away(deployment, first) == 1
-        worker = deployment.processes[-1]
-        wait_for(lambda: "is no longer this worker's" in worker.log(), 30, "the worker to notice")
-        assert time.monotonic() - arrived < service
-
-        _b_waited_for_a_timeout(deployment, server, second, arrived, timeout_ms)
-        assert "call-abandoned" in worker.log()
-        assert "its permit is held" in worker.log()
-        # Claimed again, A resumes from its receipt: the call that was out is never sent again.
-        resumed = deployment.wait_run(first, timeout=60)
+        os.killpg(frozen.pid, signal.SIGSTOP)
+        try:
+            second = deployment.submit(_one_decision(60_000, "run B"))["id"]
+            # Only B's sweeper can take run A back: A's process is alive, its heartbeat old.
+            wait_for(
+                lambda: f"evaluation {first}: its worker" in sweeper.log(),
+                stale + 15,
+                "worker B's sweeper to take run A back",
+            )
+            assert "back in the backlog" in sweeper.log()
+            resumed = deployment.wait_run(first, timeout=30)
+        finally:
+            os.killpg(frozen.pid, signal.SIGCONT)
+        # B resumed run A from its receipt: the call that was out is never sent again.
         assert resumed["status"] == "execution-uncertain", resumed
         assert resumed["deliveries"] == 2
         assert [a["reason"] for a in resumed["attempts"]] == ["dispatch-unconfirmed"]
+        assert "claimed again (delivery 2)" in sweeper.log()
+        assert time.monotonic() - arrived < service, "run A's call ended before the thaw"
+
+        wait_for(lambda: "is no longer this worker's" in frozen.log(), 30, "worker A to notice")
+        _b_waited_for_a_timeout(deployment, server, second, arrived, timeout_ms)
+        assert "call-abandoned" in frozen.log()
+        assert "its permit is held" in frozen.log()
         assert len(server.requests) == 2
 
 

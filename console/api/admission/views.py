@@ -10,13 +10,12 @@ from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, serializers, status, viewsets
-from rest_framework.exceptions import NotAuthenticated, NotFound, ValidationError
+from rest_framework.exceptions import NotAuthenticated, NotFound
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from admission import access, selectors
-from admission.core import InvalidProfileError
 from admission.core.labels import label_problem
 from admission.models import ProfileChangeRecord, ProfileVersion, Workspace
 from admission.services import profiles as services
@@ -126,6 +125,8 @@ class ProfileVersionListView(WorkspaceScopedView, generics.ListCreateAPIView):
     pagination_class = ProfileVersionPagination
     filter_backends: list[Any] = []
     write_act = access.PROPOSE
+    # A proposal is refused for its document alone: every refusal answers 400 naming it.
+    refusal_field = "document"
 
     def get_queryset(self) -> QuerySet[ProfileVersion]:
         if getattr(self, "swagger_fake_view", False):
@@ -170,10 +171,6 @@ class ProfileVersionListView(WorkspaceScopedView, generics.ListCreateAPIView):
             )
         except services.ProfileVersionDuplicate as duplicate:
             return Response(self._represent(duplicate.version), status=status.HTTP_200_OK)
-        except (InvalidProfileError, services.ProfileServiceError) as error:
-            # Every problem of the document at once, each naming its field.
-            problems = getattr(error, "problems", [error])
-            raise ValidationError({"document": [str(p) for p in problems]}) from error
         return Response(self._represent(version), status=status.HTTP_201_CREATED)
 
     def _represent(self, version: ProfileVersion) -> dict[str, Any]:

@@ -9,8 +9,6 @@ when the workspace's state does not allow it now.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 from django.db.models import QuerySet
@@ -22,12 +20,11 @@ from drf_spectacular.utils import (
     extend_schema,
 )
 from rest_framework import generics, serializers, status
-from rest_framework.exceptions import APIException, NotFound, ValidationError
+from rest_framework.exceptions import NotFound, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from admission import access, selectors
-from admission.core import InvalidProfileError
 from admission.core.labels import label_problem
 from admission.models import ProfileVersion, RollbackRequest, RolloutEvent
 from admission.services import profiles as services
@@ -63,37 +60,6 @@ def _refusals(*extra: int) -> dict[int, OpenApiResponse]:
         ),
     }
     return {code: described[code] for code in (400, 403, 404, 409, *extra) if code in described}
-
-
-class Refused(APIException):
-    """A service refusal in the API's error shape."""
-
-    def __init__(self, error: Exception) -> None:
-        code = getattr(error, "code", "invalid")
-        self.status_code = {"four_eyes": 403, "conflict": 409}.get(code, 400)
-        self.default_code = code
-        super().__init__(detail=str(error), code=code)
-
-
-def _refuse(error: Exception) -> APIException:
-    """The exception the API raises for a service's refusal."""
-    if isinstance(error, InvalidProfileError):
-        # Every problem of the document at once, each naming its field.
-        return ValidationError({"document": [str(p) for p in getattr(error, "problems", [error])]})
-    code = getattr(error, "code", "invalid")
-    if code == "invalid":
-        field = getattr(error, "field", None) or "non_field_errors"
-        return ValidationError({field: [str(error)]})
-    return Refused(error)
-
-
-@contextlib.contextmanager
-def _service_refusals() -> Iterator[None]:
-    """A service's refusal raised inside leaves as the API's typed error."""
-    try:
-        yield
-    except services.ProfileServiceError as error:
-        raise _refuse(error) from error
 
 
 # ------------------------------------------------------------------------ serializers
@@ -380,13 +346,12 @@ class ProfileApproveView(_VersionActionView):
         payload = ApproveSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         version = self.get_version()
-        with _service_refusals():
-            services.profile_version_approve(
-                version=version,
-                approver=request_user(request),
-                checklist=payload.validated_data["checklist"],
-                comment=payload.validated_data["comment"],
-            )
+        services.profile_version_approve(
+            version=version,
+            approver=request_user(request),
+            checklist=payload.validated_data["checklist"],
+            comment=payload.validated_data["comment"],
+        )
         return Response(self.represent(version))
 
 
@@ -414,13 +379,12 @@ class ProfileRejectView(_VersionActionView):
         payload = RejectSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         version = self.get_version()
-        with _service_refusals():
-            services.profile_version_reject(
-                version=version,
-                approver=request_user(request),
-                checklist=payload.validated_data.get("checklist") or {},
-                comment=payload.validated_data["comment"],
-            )
+        services.profile_version_reject(
+            version=version,
+            approver=request_user(request),
+            checklist=payload.validated_data.get("checklist") or {},
+            comment=payload.validated_data["comment"],
+        )
         return Response(self.represent(version))
 
 
@@ -451,8 +415,7 @@ class ProfileActivateView(_VersionActionView):
 
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         version = self.get_version()
-        with _service_refusals():
-            record = services.profile_version_activate(version=version, actor=request_user(request))
+        record = services.profile_version_activate(version=version, actor=request_user(request))
         return Response(ProfileChangeRecordSerializer(record).data, status=status.HTTP_201_CREATED)
 
 
@@ -499,13 +462,12 @@ class RollbackListView(WorkspaceScopedView, generics.ListAPIView):
             raise ValidationError({"target": ["names no profile version of this workspace"]})
         if not payload.validated_data["reason"].strip():
             raise ValidationError({"reason": ["say why the rollback is needed"]})
-        with _service_refusals():
-            created = services.rollback_request_create(
-                workspace=workspace,
-                target=target,
-                requested_by=request_user(request),
-                reason=payload.validated_data["reason"],
-            )
+        created = services.rollback_request_create(
+            workspace=workspace,
+            target=target,
+            requested_by=request_user(request),
+            reason=payload.validated_data["reason"],
+        )
         return Response(RollbackRequestSerializer(created).data, status=status.HTTP_201_CREATED)
 
 
@@ -540,12 +502,11 @@ class RollbackApproveView(_RollbackActionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = CommentSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        with _service_refusals():
-            record = services.rollback_request_approve(
-                request=self.get_rollback(),
-                approver=request_user(request),
-                comment=payload.validated_data["comment"],
-            )
+        record = services.rollback_request_approve(
+            request=self.get_rollback(),
+            approver=request_user(request),
+            comment=payload.validated_data["comment"],
+        )
         return Response(ProfileChangeRecordSerializer(record).data, status=status.HTTP_201_CREATED)
 
 
@@ -563,12 +524,11 @@ class RollbackRejectView(_RollbackActionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = RejectCommentSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        with _service_refusals():
-            decided = services.rollback_request_reject(
-                request=self.get_rollback(),
-                approver=request_user(request),
-                comment=payload.validated_data["comment"],
-            )
+        decided = services.rollback_request_reject(
+            request=self.get_rollback(),
+            approver=request_user(request),
+            comment=payload.validated_data["comment"],
+        )
         return Response(RollbackRequestSerializer(decided).data)
 
 
@@ -638,13 +598,12 @@ class SchedulingView(WorkspaceScopedView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = SchedulingSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        with _service_refusals():
-            rollout.parallel_scheduling_set(
-                workspace=self.get_workspace(),
-                actor=request_user(request),
-                allowed=payload.validated_data["enabled"],
-                reason=payload.validated_data["reason"],
-            )
+        rollout.parallel_scheduling_set(
+            workspace=self.get_workspace(),
+            actor=request_user(request),
+            allowed=payload.validated_data["enabled"],
+            reason=payload.validated_data["reason"],
+        )
         return Response(self._state())
 
 
@@ -703,12 +662,11 @@ class ShadowView(_SessionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ShadowStartSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        with _service_refusals():
-            rollout.shadow_start(
-                version=self.version(payload.validated_data["version"]),
-                actor=request_user(request),
-                reason=payload.validated_data["reason"],
-            )
+        rollout.shadow_start(
+            version=self.version(payload.validated_data["version"]),
+            actor=request_user(request),
+            reason=payload.validated_data["reason"],
+        )
         return Response(self.state(), status=status.HTTP_201_CREATED)
 
 
@@ -726,12 +684,11 @@ class ShadowStopView(_SessionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReasonSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        with _service_refusals():
-            event = rollout.shadow_stop(
-                workspace=self.get_workspace(),
-                actor=request_user(request),
-                reason=payload.validated_data["reason"],
-            )
+        event = rollout.shadow_stop(
+            workspace=self.get_workspace(),
+            actor=request_user(request),
+            reason=payload.validated_data["reason"],
+        )
         return Response(RolloutEventSerializer(event).data)
 
 
@@ -773,14 +730,13 @@ class CanaryView(_CanaryMixin, _SessionView):
         payload = CanaryStartSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        with _service_refusals():
-            rollout.canary_start(
-                version=self.version(data["version"]),
-                actor=request_user(request),
-                principals=data["principals"],
-                fraction=data["fraction"],
-                reason=data["reason"],
-            )
+        rollout.canary_start(
+            version=self.version(data["version"]),
+            actor=request_user(request),
+            principals=data["principals"],
+            fraction=data["fraction"],
+            reason=data["reason"],
+        )
         return Response(self.state(), status=status.HTTP_201_CREATED)
 
 
@@ -798,12 +754,11 @@ class CanaryPromoteView(_CanaryMixin, _SessionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReasonSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        with _service_refusals():
-            _event, record = rollout.canary_promote(
-                workspace=self.get_workspace(),
-                actor=request_user(request),
-                reason=payload.validated_data["reason"],
-            )
+        _event, record = rollout.canary_promote(
+            workspace=self.get_workspace(),
+            actor=request_user(request),
+            reason=payload.validated_data["reason"],
+        )
         return Response(ProfileChangeRecordSerializer(record).data)
 
 
@@ -821,12 +776,11 @@ class CanaryAbandonView(_CanaryMixin, _SessionView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = ReasonSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        with _service_refusals():
-            event = rollout.canary_abandon(
-                workspace=self.get_workspace(),
-                actor=request_user(request),
-                reason=payload.validated_data["reason"],
-            )
+        event = rollout.canary_abandon(
+            workspace=self.get_workspace(),
+            actor=request_user(request),
+            reason=payload.validated_data["reason"],
+        )
         return Response(RolloutEventSerializer(event).data)
 
 

@@ -1,7 +1,8 @@
-"""Usage over time through the API: `GET /api/workspaces/{key}/usage/` (sums and the hourly
-series of a time range) and `GET /api/workspaces/{key}/usage.csv` (every hourly row, for a
-spreadsheet). Any member of the workspace may read them; principal ids appear only here,
-inside the workspace's own access-controlled routes."""
+"""Usage over time through the API: `GET /api/workspaces/{key}/usage/` (sums, decisions by
+reason and the hourly, or for ranges over two days daily, series of a time range) and
+`GET /api/workspaces/{key}/usage.csv` (every hourly row, for a spreadsheet). Any member of
+the workspace may read them; principal ids appear only here, inside the workspace's own
+access-controlled routes."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ class _UsageRange(WorkspaceScopedMixin, generics.GenericAPIView):
         # A CSV client may accept only text/csv: answer it all the same (errors as JSON).
         return super().perform_content_negotiation(request, force=True)
 
-    def rows(self, request: Request) -> tuple[Any, Any, Any]:
+    def rows(self, request: Request, *, hourly: bool = False) -> tuple[Any, Any, Any]:
         try:
             start, end, _ = usage.usage_range(
                 preset=request.query_params.get("range", ""),
@@ -76,7 +77,8 @@ class _UsageRange(WorkspaceScopedMixin, generics.GenericAPIView):
             )
         except usage.UsageRangeError as error:
             raise ValidationError({error.field: [str(error)]}) from error
-        rows = usage.usage_hours(
+        select = usage.usage_hours if hourly else usage.usage_rows
+        rows = select(
             self.get_workspace(),
             start,
             end,
@@ -92,35 +94,42 @@ class _UsageRange(WorkspaceScopedMixin, generics.GenericAPIView):
     responses={200: OpenApiTypes.OBJECT, 400: INVALID, 404: NOT_FOUND},
 )
 class UsageView(_UsageRange):
-    """Calls, actual tokens and cost, admitted, deferred (admitted after waiting) and refused
-    attempts and queue delay over a time range: in total, per provider, per principal, and
-    hour by hour (every hour of the range, empty ones as zeros)."""
+    """Calls, actual tokens and cost, admitted, deferred (waited in the admission queue,
+    admitted or not) and refused attempts and queue delay over a time range: in total, per
+    provider, per principal, the deferrals and refusals by reason (an attempt deferred for two
+    reasons counts under both), and period by period: `hours` (every hour of the range, empty
+    ones as zeros) for ranges up to two days, else `days` (every UTC day the range touches);
+    `granularity` says which."""
 
     def get(self, request: Request, workspace_key: str) -> Response:
         rows, start, end = self.rows(request)
         series = usage.usage_series(rows, start, end)
         providers = usage.usage_totals(rows, "provider_id")
         whole = usage.usage_totals_summed(providers)
+        unit = series["granularity"]
         return Response(
             {
                 "workspace": self.get_workspace().key,
                 "start": start,
                 "end": end,
+                "granularity": unit,
                 "totals": _totals(whole) if whole is not None else None,
+                "deferredByReason": series["deferred_by_reason"],
                 "refusedByReason": series["refused_by_reason"],
-                "providers": {t.key: _totals(t) for t in usage.usage_totals(rows, "provider_id")},
+                "providers": {t.key: _totals(t) for t in providers},
                 "principals": {t.key: _totals(t) for t in usage.usage_totals(rows, "principal_id")},
-                "hours": [
+                f"{unit}s": [
                     {
-                        "hour": h["hour"],
-                        "calls": h["calls"],
-                        "tokens": h["tokens"],
-                        "costUsd": h["cost_usd"],
-                        "admitted": h["admitted"],
-                        "refused": h["refused"],
-                        "meanQueueDelayMs": h["mean_queue_delay_ms"],
+                        unit: p["start"],
+                        "calls": p["calls"],
+                        "tokens": p["tokens"],
+                        "costUsd": p["cost_usd"],
+                        "admitted": p["admitted"],
+                        "deferred": p["deferred"],
+                        "refused": p["refused"],
+                        "meanQueueDelayMs": p["mean_queue_delay_ms"],
                     }
-                    for h in series["hours"]
+                    for p in series["points"]
                 ],
             }
         )
@@ -143,7 +152,7 @@ class UsageCsvView(_UsageRange):
     """Every hourly row of the range as CSV, full precision, streamed."""
 
     def get(self, request: Request, workspace_key: str) -> StreamingHttpResponse:
-        rows, start, end = self.rows(request)
+        rows, start, end = self.rows(request, hourly=True)
         response = StreamingHttpResponse(usage.usage_csv(rows), content_type="text/csv")
         name = f"sluice-usage-{workspace_key}-{start:%Y%m%dT%H}-{end:%Y%m%dT%H}.csv"
         response["Content-Disposition"] = f'attachment; filename="{name}"'

@@ -6,6 +6,7 @@ which the caller must belong to; writes go through `evaluator.services.runs`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import django_filters
@@ -13,7 +14,7 @@ from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics, status
-from rest_framework.exceptions import APIException, NotFound, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -33,7 +34,7 @@ from console.api.evaluator.serializers import (
 from console.api.pagination import CheckedCursorPagination
 from console.api.parsers import BoundedJSONParser
 from evaluator import selectors
-from evaluator.models import EvaluationRun, LoadRun
+from evaluator.models import EvaluationRun, LoadRun, WorkerRun
 from evaluator.services import cancellation, load_runs
 from evaluator.services import runs as services
 
@@ -47,24 +48,6 @@ BROKER_DOWN = OpenApiResponse(
     ErrorSerializer,
     description="`broker-unavailable`: the task broker refused the run; it is marked failed.",
 )
-
-
-class BrokerUnavailableError(APIException):
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-    default_code = "broker-unavailable"
-    default_detail = "The task broker is unavailable; the run was not queued. Try again."
-
-
-class LoadBacklogFullError(APIException):
-    status_code = status.HTTP_429_TOO_MANY_REQUESTS
-    default_code = "throttled"
-    default_detail = "The workspace has as many load runs waiting as it may."
-
-
-class RunFinishedError(APIException):
-    status_code = status.HTTP_409_CONFLICT
-    default_code = "run-finished"
-    default_detail = "The run already ended."
 
 
 THROTTLED = OpenApiResponse(
@@ -93,10 +76,6 @@ class EvaluationRunFilter(django_filters.FilterSet):
     class Meta:
         model = EvaluationRun
         fields = ("status",)
-
-
-def _invalid(error: services.RunServiceError) -> ValidationError:
-    return ValidationError({error.field or "non_field_errors": [str(error)]})
 
 
 @extend_schema(tags=["evaluations"], parameters=[WORKSPACE_KEY])
@@ -136,14 +115,9 @@ class EvaluationRunListView(WorkspaceScopedMixin, generics.ListAPIView):
         },
     )
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        try:
-            run, created = services.evaluation_run_submit(
-                self.get_workspace(), request.user, request.data
-            )
-        except services.BrokerUnavailable as error:
-            raise BrokerUnavailableError(str(error)) from error
-        except services.RunServiceError as error:
-            raise _invalid(error) from error
+        run, created = services.evaluation_run_submit(
+            self.get_workspace(), request.user, request.data
+        )
         code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
         return Response(EvaluationRunSerializer(run).data, status=code)
 
@@ -167,6 +141,25 @@ class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         return Response(self.get_serializer(run).data)
 
 
+class RunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
+    """Cancel a queued or running run of one kind: 200 with the run cancelled when it was
+    queued, 202 with the cancel requested while its worker stops it. Each kind names how a run
+    of the workspace is found and the service that cancels it."""
+
+    filter_backends: list[Any] = []
+    kind = "run"
+    find: Callable[..., WorkerRun | None]
+    cancel: Callable[[Any, Any], WorkerRun]
+
+    def post(self, request: Request, workspace_key: str, run_id: str) -> Response:
+        run = self.find(workspace=self.get_workspace(), run_id=run_id)
+        if run is None:
+            raise NotFound(f"No such {self.kind}.")
+        run = self.cancel(run, request.user)
+        code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
+        return Response(self.get_serializer(run).data, status=code)
+
+
 @extend_schema(
     tags=["evaluations"],
     parameters=[WORKSPACE_KEY, RUN_ID],
@@ -188,25 +181,14 @@ class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         409: OpenApiResponse(ErrorSerializer, description="`run-finished`: the run already ended."),
     },
 )
-class EvaluationRunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
+class EvaluationRunCancelView(RunCancelView):
     """Cancel a queued or running evaluation run."""
 
     serializer_class = EvaluationRunSerializer
-    filter_backends: list[Any] = []
     write_act = access.EVALUATE
-
-    def post(self, request: Request, workspace_key: str, run_id: str) -> Response:
-        run = selectors.evaluation_run_get(workspace=self.get_workspace(), run_id=run_id)
-        if run is None:
-            raise NotFound("No such evaluation run.")
-        try:
-            run = cancellation.evaluation_run_cancel(run, request.user)
-        except cancellation.RunCancelNotAllowed as error:
-            raise PermissionDenied(str(error)) from error
-        except cancellation.RunAlreadyFinished as error:
-            raise RunFinishedError(str(error)) from error
-        code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
-        return Response(self.get_serializer(run).data, status=code)
+    kind = "evaluation run"
+    find = staticmethod(selectors.evaluation_run_get)
+    cancel = staticmethod(cancellation.evaluation_run_cancel)
 
 
 @extend_schema(tags=["load runs"], parameters=[WORKSPACE_KEY])
@@ -252,19 +234,12 @@ class LoadRunListView(WorkspaceScopedMixin, generics.ListAPIView):
     def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         payload = LoadRunSubmitSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
-        try:
-            run = services.load_run_submit(
-                self.get_workspace(),
-                request.user,
-                payload.validated_data["manifest"],
-                payload.validated_data["target"],
-            )
-        except services.LoadRunBacklogFull as error:
-            raise LoadBacklogFullError(str(error)) from error
-        except services.LoadRunNotAllowed as error:
-            raise PermissionDenied(str(error)) from error
-        except services.RunServiceError as error:
-            raise _invalid(error) from error
+        run = services.load_run_submit(
+            self.get_workspace(),
+            request.user,
+            payload.validated_data["manifest"],
+            payload.validated_data["target"],
+        )
         return Response(LoadRunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
@@ -308,26 +283,15 @@ class LoadRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         409: OpenApiResponse(ErrorSerializer, description="`run-finished`: the run already ended."),
     },
 )
-class LoadRunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
+class LoadRunCancelView(RunCancelView):
     """Cancel a queued or running load run (what-if runs included)."""
 
     serializer_class = LoadRunSerializer
-    filter_backends: list[Any] = []
     # Proposers cancel their own what-if runs; the service decides per run.
     write_act = access.PROPOSE
-
-    def post(self, request: Request, workspace_key: str, run_id: str) -> Response:
-        run = selectors.load_run_get(workspace=self.get_workspace(), run_id=run_id)
-        if run is None:
-            raise NotFound("No such load run.")
-        try:
-            run = load_runs.load_run_cancel(run, request.user)
-        except cancellation.RunCancelNotAllowed as error:
-            raise PermissionDenied(str(error)) from error
-        except cancellation.RunAlreadyFinished as error:
-            raise RunFinishedError(str(error)) from error
-        code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
-        return Response(self.get_serializer(run).data, status=code)
+    kind = "load run"
+    find = staticmethod(selectors.load_run_get)
+    cancel = staticmethod(load_runs.load_run_cancel)
 
 
 PROFILE_VERSION = OpenApiParameter(
@@ -447,19 +411,12 @@ class WhatIfRunListView(WorkspaceScopedMixin, generics.ListAPIView):
         payload = WhatIfSubmitSerializer(data=request.data)
         payload.is_valid(raise_exception=True)
         data = payload.validated_data
-        try:
-            run = services.load_run_submit(
-                self.get_workspace(),
-                request.user,
-                data["manifest"],
-                data["target"],
-                what_if_version=version,
-                mapping=data["mapping"],
-            )
-        except services.LoadRunBacklogFull as error:
-            raise LoadBacklogFullError(str(error)) from error
-        except services.LoadRunNotAllowed as error:
-            raise PermissionDenied(str(error)) from error
-        except services.RunServiceError as error:
-            raise _invalid(error) from error
+        run = services.load_run_submit(
+            self.get_workspace(),
+            request.user,
+            data["manifest"],
+            data["target"],
+            what_if_version=version,
+            mapping=data["mapping"],
+        )
         return Response(LoadRunSerializer(run).data, status=status.HTTP_201_CREATED)

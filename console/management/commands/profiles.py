@@ -23,14 +23,14 @@ from django.http import HttpRequest
 from rest_framework.exceptions import AuthenticationFailed
 
 from admission import access, selectors
-from admission.core import InvalidProfileError
 from admission.models import RUNBOOK_ID, ProfileVersion, RollbackRequest, Workspace
 from admission.services import profiles as services
 from admission.services import rollout
 from console.api.auth import ApiTokenAuthentication
 from console.api.untrusted_json import UntrustedJSONError, check_json_value, load_untrusted_json
+from console.management.refusals import REFUSALS, command_error
 from evaluator import comparisons, qualification
-from evaluator.services.runs import RunServiceError, load_run_submit
+from evaluator.services.runs import load_run_submit
 from evaluator.worker.load_dispatch import load_run_execute
 
 CHECKLIST_IDS = [key for key, _ in services.RUNBOOK_CHECKLIST]
@@ -173,13 +173,8 @@ class Command(BaseCommand):
         options["actor"] = _authenticated(options["user"])
         try:
             getattr(self, f"_{subcommand}")(options)
-        except (services.ProfileServiceError, InvalidProfileError) as error:
-            raise CommandError(str(error)) from error
-        except access.AccessDenied as denied:
-            raise CommandError(f"{options['user']}: {denied}") from denied
-        except RunServiceError as error:
-            where = f"{error.field}: " if error.field else ""
-            raise CommandError(f"{where}{error}") from error
+        except REFUSALS as error:
+            raise command_error(error, user=options["user"]) from error
 
     def _propose(self, options: dict[str, Any]) -> None:
         workspace = _workspace(options["workspace"])
@@ -192,8 +187,6 @@ class Command(BaseCommand):
         except services.ProfileVersionDuplicate as duplicate:
             self.stdout.write(f"{duplicate.version} was already proposed with these limits.")
             return
-        except InvalidProfileError as error:
-            raise CommandError(f"invalid profile: {error}") from error
         self.stdout.write(self.style.SUCCESS(f"Proposed {version} ({version.profile_digest})."))
 
     def _approve(self, options: dict[str, Any]) -> None:

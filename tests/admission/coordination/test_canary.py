@@ -182,3 +182,98 @@ def test_across_two_processes_the_canary_is_counted_once_and_inside_the_active_p
     assert outcomes == ["admitted"] * 40
     assert seen.max_all == ACTIVE_CEILING
     assert seen.max_canary == CANARY_CEILING
+
+
+def _acquire_both_at_once_then_one_queued(registry: Any, hold_s: float) -> Any:
+    """Three canary attempts on a canary ceiling of 2: the first two are decided at once, the
+    third waits `hold_s` for the first one's permit. Returns the three leases' evidence."""
+
+    async def main() -> list[Any]:
+        controller = registry.controller(WORKSPACE)
+        first = await controller.acquire(request("alice", budget="c-1"))
+        second = await controller.acquire(request("alice", budget="c-2"))
+        third = asyncio.ensure_future(controller.acquire(request("alice", budget="c-3")))
+        await asyncio.sleep(hold_s)
+        first.release(success=True)
+        waited = await third
+        second.release(success=True)
+        waited.release(success=True)
+        return [first.evidence, second.evidence, waited.evidence]
+
+    return main()
+
+
+def test_a_canary_attempt_decided_at_once_records_no_queue_delay() -> None:
+    # On the real clock: time passes between the two sides' decisions, yet neither waited.
+    active_profile, canary_profile = _profiles()
+
+    async def main() -> list[Any]:
+        active = AdmissionRegistry()
+        active.register(active_profile)
+        canary = AdmissionRegistry()
+        canary.register(canary_profile)
+        return await _acquire_both_at_once_then_one_queued(CanaryRegistry(canary, active), 0.05)
+
+    first, second, third = asyncio.run(main())
+    assert first.queue_delay_ms == 0.0
+    assert second.queue_delay_ms == 0.0
+    assert 50.0 <= third.queue_delay_ms < 1_000.0
+    assert first.queued == 0 and third.decision == "admit"
+
+
+def test_a_queued_canary_attempt_records_the_wait_of_both_sides() -> None:
+    active_profile, canary_profile = _profiles()
+    one_active = dataclasses.replace(
+        active_profile,
+        providers={"llm": dataclasses.replace(active_profile.providers["llm"], concurrency=1)},
+    )
+    loop = VirtualTimeLoop()
+
+    async def main() -> tuple[float, float]:
+        active = AdmissionRegistry(clock=loop.clock)
+        active_controller = active.register(one_active)
+        canary = AdmissionRegistry(clock=loop.clock)
+        canary.register(canary_profile)
+        on_canary = CanaryRegistry(canary, active).controller(WORKSPACE)
+        assert on_canary is not None
+        # The active pool is full: the canary permit is granted at once, the active one after
+        # 0.3 s; then a canary attempt that both sides admit at once.
+        holder = await active_controller.acquire(request("bob", budget="b"))
+        waiting = asyncio.ensure_future(on_canary.acquire(request("alice", budget="c-1")))
+        await asyncio.sleep(0.3)
+        holder.release(success=True)
+        lease = await waiting
+        lease.release(success=True)
+        at_once = await on_canary.acquire(request("alice", budget="c-2"))
+        at_once.release(success=True)
+        return lease.evidence.queue_delay_ms, at_once.evidence.queue_delay_ms
+
+    try:
+        waited, at_once = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert waited == 300.0
+    assert at_once == 0.0
+
+
+def test_with_redis_a_canary_attempt_decided_at_once_records_no_queue_delay(
+    deployment: Deployment,
+) -> None:
+    # Each side's decision is a round trip to Redis; neither is a queue wait.
+    active_profile, canary_profile = _profiles()
+
+    async def scenario() -> list[Any]:
+        process = deployment.process(register=active_profile, timeout_ms=5_000)
+        settings: CoordinationSettings = process.coordinator.settings
+        own = dataclasses.replace(settings, prefix=f"{settings.prefix}:canary:1")
+        coordinator = RedisCoordinator(own)
+        canary = AdmissionRegistry(controller_factory=coordinator.controller)
+        canary.register(canary_profile, sequence=1)
+        deployment.processes.append(dataclasses.replace(process, coordinator=coordinator))
+        registry = CanaryRegistry(canary, process.registry)
+        return list(await _acquire_both_at_once_then_one_queued(registry, 0.2))
+
+    first, second, third = run(deployment, scenario, timeout=30)
+    assert first.queue_delay_ms == 0.0
+    assert second.queue_delay_ms == 0.0
+    assert third.queue_delay_ms >= 150.0

@@ -142,3 +142,81 @@ def test_a_second_live_worker_is_refused_unless_both_share_admission():
     dispatch.worker_register("b", coordinated=True, slots=4)
     with pytest.raises(dispatch.WorkerRefused):
         dispatch.worker_register("c", coordinated=False, slots=4)
+
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def _at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def _trust() -> dispatch.HeartbeatTrust:
+    # Stale window 30 s, beats every 5 s: a gap over 18.75 s is a stall.
+    return dispatch.HeartbeatTrust(stale_seconds=30, heartbeat_seconds=5)
+
+
+def test_heartbeats_are_trusted_after_a_whole_stale_window_of_continuous_beats():
+    trust = _trust()
+    assert trust.gap == dt.timedelta(seconds=18.75)
+    assert not trust.trusts(_at(0))
+    for second in range(0, 30, 5):
+        assert trust.beat(_at(second)) is False
+        assert not trust.trusts(_at(second + 1))
+    assert trust.beat(_at(30)) is False
+    assert trust.trusts(_at(30.5))
+    # The sweep reads its own server time: long after the last beat, it does not trust.
+    assert trust.trusts(_at(30 + 18.75))
+    assert not trust.trusts(_at(30 + 18.76))
+
+
+@pytest.mark.parametrize("where", ["in-a-beat", "before-the-sweep"])
+def test_a_stall_longer_than_the_gap_withdraws_trust_for_a_whole_window(where):
+    trust = _trust()
+    for second in range(0, 45, 5):
+        trust.beat(_at(second))
+    assert trust.trusts(_at(41))
+    # The database froze at 41 s for 26 s (longer than the window less a beat interval: every
+    # live worker's heartbeat now looks stale).
+    if where == "in-a-beat":
+        assert trust.beat(_at(67)) is True
+        assert not trust.trusts(_at(67.1))
+        for second in range(72, 97, 5):
+            trust.beat(_at(second))
+            assert not trust.trusts(_at(second))
+        trust.beat(_at(97))
+        assert trust.trusts(_at(97.1))
+    else:
+        assert not trust.trusts(_at(67))
+
+
+def test_a_failed_beat_withdraws_trust_until_a_whole_window_of_beats():
+    trust = _trust()
+    for second in range(0, 35, 5):
+        trust.beat(_at(second))
+    assert trust.trusts(_at(31))
+    trust.lost()
+    assert not trust.trusts(_at(31))
+    trust.beat(_at(36))
+    assert not trust.trusts(_at(60))
+    for second in range(41, 71, 5):
+        trust.beat(_at(second))
+    assert trust.trusts(_at(66.5))
+
+
+def test_the_sweep_asks_its_judge_with_its_own_server_time(user):
+    (workspace,) = _workspaces("acme")
+    _queue(workspace, user, "alice", 1)
+    (stale,) = dispatch.runs_claim("gone-worker", 1)
+    EvaluationRun.objects.filter(pk=stale.pk).update(
+        heartbeat_at=timezone.now() - dt.timedelta(seconds=31)
+    )
+    asked: list[dt.datetime] = []
+
+    def refuse(now: dt.datetime) -> bool:
+        asked.append(now)
+        return False
+
+    assert dispatch.runs_sweep(trust_heartbeats=refuse) == []
+    assert len(asked) == 1 and abs(asked[0] - timezone.now()) < dt.timedelta(seconds=5)
+    assert dispatch.runs_sweep(trust_heartbeats=lambda now: True) == [stale.pk]

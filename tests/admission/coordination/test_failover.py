@@ -1,0 +1,201 @@
+"""A Redis Cluster primary fails mid-load and its replica takes over: admission survives it.
+
+Real driver processes admit calls through a Redis Cluster of three primaries with a replica each
+(started by the test on loopback) and send them to loopback providers that count calls in flight.
+The primary serving the first workspace's hash slot is killed (SIGKILL) while calls go out and
+waiters are queued, and its replica is promoted a moment later. The replica was frozen just
+before one call was admitted and is thawed only after its primary died, so it never learnt of
+that permit: the call is still out at the provider, and only its process's re-assertion keeps
+the promoted replica from handing the permit out twice. While the slot has no primary
+the processes refuse that workspace's requests with the typed reason `coordination-unavailable`;
+a workspace on another shard is not held up at all; once the replica serves the slot the
+workspace's state starts a new epoch (the promoted replica may lack the last writes), the
+processes re-assert the permits they hold, and admission resumes by itself. No provider ever sees
+more calls at once than its ceiling, and no call goes out twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from admission.coordination.clients import route_key
+from tests.admission.coordination.conftest import Deployment, profile, request, run, settle
+from tests.admission.coordination.test_processes import Drivers, wait_for
+from tests.evaluator.loopback import LoopbackServer, Reply
+from tests.private_services import PrivateRedisCluster
+
+SETTINGS = {"lease_ttl_ms": 6000, "heartbeat_ms": 100, "recovery_grace_ms": 400, "timeout_ms": 300}
+CEILING = 2
+
+
+def _profile() -> dict[str, object]:
+    return {
+        "profileVersion": "failover-v1",
+        "workspace": {"concurrency": 50},
+        "providers": {"llm": {"concurrency": CEILING, "maxQueueWaitMs": 1500}},
+        "principals": {"alice": {"concurrency": 50}, "bob": {"concurrency": 50}},
+    }
+
+
+@pytest.fixture
+def cluster() -> Iterator[PrivateRedisCluster]:
+    # A cluster of the test's own: it loses a node.
+    cluster = PrivateRedisCluster(node_timeout_ms=2000)
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def test_a_failed_primary_is_survived_and_no_ceiling_is_ever_passed(
+    tmp_path: Path, cluster: PrivateRedisCluster
+) -> None:
+    hold = threading.Event()
+    with LoopbackServer() as provider, LoopbackServer() as other_provider:
+        provider.default = Reply(delay=0.05)
+        other_provider.default = Reply(delay=0.05)
+        drivers = Drivers(tmp_path, cluster.url, provider.base_url, _profile())
+        primary = cluster.primary_of(route_key(drivers.prefix, "ws"))
+        # A workspace whose slot another primary serves.
+        other = next(
+            name
+            for name in (f"other-{i}" for i in range(1000))
+            if cluster.primary_of(route_key(drivers.prefix, name)) != primary
+        )
+        replica = cluster.replica_of(primary)
+        try:
+            for principal in ("alice", "bob"):
+                drivers.start(
+                    settings=SETTINGS, principal=principal, concurrency=4, seconds=40, complete=150
+                )
+            drivers.start(
+                settings=SETTINGS,
+                workspace=other,
+                base_url=other_provider.base_url,
+                concurrency=2,
+                seconds=40,
+                complete=150,
+            )
+            wait_for(lambda: len(provider.requests) >= 20, 30, "calls did not start")
+            wait_for(lambda: _queued(drivers) >= 1, 30, "no waiter queued")
+            # The next call is held at the provider; its permit never reaches the replica.
+            cluster.pause(replica)
+            provider.replies.append(Reply(hold=hold))
+            wait_for(lambda: not provider.replies, 30, "the held call did not go out")
+            cluster.kill(primary)
+            killed = time.time()
+            cluster.resume(replica)
+            wait_for(
+                lambda: (
+                    sum(
+                        line.get("reason") == "coordination-unavailable" and line["at"] > killed
+                        for line in drivers.lines(0) + drivers.lines(1)
+                    )
+                    >= 4
+                ),
+                30,
+                "the processes did not refuse while the slot had no primary",
+            )
+            other_before = len(other_provider.requests)
+            wait_for(
+                lambda: len(other_provider.requests) >= other_before + 10,
+                30,
+                "the other shard's workspace was held up",
+            )
+            sent_before = len(provider.requests)
+            cluster.promote(replica)
+            promoted = time.time()
+            wait_for(
+                lambda: len(provider.requests) >= sent_before + 10,
+                30,
+                "admission did not resume after the promotion",
+            )
+            # The held call was out all along (its permit re-asserted, not lost).
+            assert provider.in_flight >= 1
+            hold.set()
+            drivers.wait(timeout=90)
+        finally:
+            hold.set()
+            drivers.stop()
+    lines = drivers.lines(0) + drivers.lines(1)
+    figures = {
+        "calls": len(provider.requests),
+        "max_in_flight": provider.max_in_flight,
+        "other_max_in_flight": other_provider.max_in_flight,
+        "refused_unavailable": sum(
+            line.get("reason") == "coordination-unavailable" for line in lines
+        ),
+        "first_admit_after_promotion_s": round(
+            min(
+                line["at"]
+                for line in lines
+                if line["decision"] == "admit" and line["at"] > promoted
+            )
+            - promoted,
+            3,
+        ),
+    }
+    print(figures)
+    # While the slot had no primary: refused with the typed reason, or timed out in the queue.
+    outage = [line for line in lines if killed + 0.5 < line["at"] < promoted]
+    reasons = {line["reason"] for line in outage if line["decision"] == "reject"}
+    assert "coordination-unavailable" in reasons, figures
+    assert reasons <= {"coordination-unavailable", "queue-timeout"}, reasons
+    assert not [line for line in outage if line["decision"] == "admit"]
+    # Never more calls at a provider than its ceiling, before, during or after the failover.
+    assert provider.max_in_flight <= CEILING, figures
+    assert other_provider.max_in_flight <= CEILING, figures
+    # No call sent twice, and every run ended with its calls completed.
+    ids = Counter(r["body"]["id"] for r in provider.requests)
+    assert max(ids.values()) == 1
+    for index in range(3):
+        done = [line for line in drivers.lines(index) if line["decision"] == "done"]
+        assert len(done) >= 150
+
+
+def _queued(drivers: Drivers) -> int:
+    from admission.coordination.clients import sync_client
+
+    client = sync_client(drivers.url)
+    try:
+        return int(client.hlen(f"{drivers.prefix}:{{ws}}:W"))
+    finally:
+        client.close()
+
+
+def test_a_promoted_state_that_missed_a_release_gives_the_permit_back(
+    deployment: Deployment,
+) -> None:
+    """A replica promoted without its primary's last writes may still hold a permit its process
+    gave back meanwhile: the process re-asserts what it holds, and the rest goes back."""
+    process = deployment.process(register=profile(providers={"llm": {"concurrency": 1}}))
+
+    async def scenario() -> None:
+        lease = await process.controller().acquire(request())
+        client = deployment.client
+        kept = {key: client.dump(key) for key in deployment.stored_keys()}
+        lease.release(success=True)
+        await settle(deployment)
+        assert deployment.active("V:llm") == 0
+        # What the promoted replica holds: the state from before the release, and no epoch
+        # (the epoch is never replicated).
+        for key, value in kept.items():
+            client.restore(key, 0, value, replace=True)
+        client.delete(deployment.key("epoch"))
+        assert deployment.active("V:llm") == 1
+        # The next decision meets a new epoch: the process re-asserts (nothing), the stale
+        # permit goes back, and the decision is admitted at once (the ceiling is one).
+        again = await process.controller().acquire(request(budget="inv-2"))
+        assert deployment.active("V:llm") == 1
+        assert len(client.hkeys(deployment.key("L"))) == 1
+        again.release(success=True)
+        await settle(deployment)
+        assert deployment.active("V:llm") == 0
+
+    run(deployment, scenario, timeout=10)
