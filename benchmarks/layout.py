@@ -54,11 +54,28 @@ def _upward(graph: grimp.ImportGraph) -> list[str]:
     return up
 
 
-def _functions(paths: list[Path]) -> list[tuple[int, int, str]]:
-    """(lines, parameters, where) of every function and method."""
+def _reasoned(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, owner: ast.ClassDef | None, word: str
+) -> bool:
+    """Whether the function's docstring (for `__init__`, its class's too) gives a reason that
+    names `word` ("parameters", "lines")."""
+    texts = [ast.get_docstring(node) or ""]
+    if owner is not None and node.name == "__init__":
+        texts.append(ast.get_docstring(owner) or "")
+    return any(word in text for text in texts)
+
+
+def _functions(paths: list[Path]) -> list[tuple[int, int, str, bool, bool]]:
+    """(lines, parameters, where, a reason for its length, a reason for its parameters) of
+    every function and method."""
     found = []
     for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        owners: dict[ast.AST, ast.ClassDef] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for child in node.body:
+                    owners[child] = node
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 arguments = node.args
@@ -68,7 +85,16 @@ def _functions(paths: list[Path]) -> list[tuple[int, int, str]]:
                     count -= 1
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
                 where = f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
-                found.append((lines, count, where))
+                owner = owners.get(node)
+                found.append(
+                    (
+                        lines,
+                        count,
+                        where,
+                        _reasoned(node, owner, "long"),
+                        _reasoned(node, owner, "parameters"),
+                    )
+                )
     return found
 
 
@@ -98,13 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         print("  " + edge)
     functions = _functions(paths)
     print(f"\nlargest functions (of {len(functions)}):")
-    for size, count, where in sorted(functions, reverse=True)[: options.top]:
+    for size, count, where, _, _ in sorted(functions, reverse=True)[: options.top]:
         print(f"  {size:>4} lines {count:>3} parameters  {where}")
+    long_bodies = [f for f in functions if f[0] > 80]
     long_signatures = sorted((f for f in functions if f[1] > 6), key=lambda f: -f[1])
-    print(f"functions over 80 lines: {sum(1 for f in functions if f[0] > 80)}")
-    print(f"functions over 6 parameters: {len(long_signatures)}")
-    for size, count, where in long_signatures[: options.top]:
-        print(f"  {count:>3} parameters {size:>4} lines  {where}")
+    # A reason: the docstring says why it runs long ("long") or takes so many ("parameters").
+    unexplained = sum(1 for f in long_bodies if not f[3])
+    print(f"functions over 80 lines: {len(long_bodies)} ({unexplained} without a reason)")
+    unexplained = sum(1 for f in long_signatures if not f[4])
+    print(f"functions over 6 parameters: {len(long_signatures)} ({unexplained} without a reason)")
+    for size, count, where, _, reason in long_signatures[: options.top]:
+        note = "" if reason else "  (no reason in its docstring)"
+        print(f"  {count:>3} parameters {size:>4} lines  {where}{note}")
     return 0
 
 

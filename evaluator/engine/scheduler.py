@@ -107,6 +107,9 @@ async def evaluate_decision_ruleset(
 ) -> EvaluationResult:
     """Evaluate every decision of ``request.ruleset`` and return the outcomes in ruleset order.
 
+    The engine's entry point: past the request, its parameters are keyword-only, each an
+    independent part of the deployment (admission, adapters) or an option with a default.
+
     Runs on the running event loop, whose clock must be the registry's (a ``VirtualTimeLoop``
     with ``AdmissionRegistry(clock=loop.clock)`` in tests and the harness). ``adapters`` maps
     every adapter id the ruleset names to an adapter; the adapter id is also the admission
@@ -228,6 +231,8 @@ class _Run:
         max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
         deferrals: DeferralLog | None = None,
     ) -> None:
+        """Its parameters are `evaluate_decision_ruleset`'s, resolved there (the controller,
+        the ceiling, the opened journal), its only caller: one each, nothing to group."""
         self.request = request
         self.ruleset = request.ruleset
         self.prompt_values = prompt_values(request.input)
