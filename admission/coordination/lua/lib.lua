@@ -75,15 +75,23 @@ local function is_idle(a, q, h)
   return (a or 0) == 0 and (q or 0) == 0 and h == nil
 end
 
+-- Whole numbers below 2^53 print exactly as integers; others keep 17 significant digits.
+local function num(v)
+  if v == floor(v) and v < 9007199254740992 and v > -9007199254740992 then
+    return string.format('%d', v)
+  end
+  return string.format('%.17g', v)
+end
+
 local function pack_scope(s)
   local parts, last = {}, 0
-  for i, f in ipairs(FIELDS) do
+  for i = 1, #FIELDS do
+    local f = FIELDS[i]
     local v = s[f]
-    if v ~= nil and ZERO_IS_DEFAULT[f] and v == 0 then v = nil end
-    if v == nil then
+    if v == nil or (v == 0 and ZERO_IS_DEFAULT[f]) then
       parts[i] = ''
     else
-      parts[i] = TEXT[f] and v or string.format('%.17g', v)
+      if TEXT[f] then parts[i] = v else parts[i] = num(v) end
       last = i
     end
   end
