@@ -101,11 +101,7 @@ def usage_view(request: HttpRequest) -> HttpResponse:
         "provider": request.GET.get("provider", ""),
     }
     try:
-        start, end, preset = usage.usage_range(
-            preset=request.GET.get("range", ""),
-            start=request.GET.get("start", ""),
-            end=request.GET.get("end", ""),
-        )
+        start, end, preset = usage.usage_range_from(request.GET)
     except usage.UsageRangeError as error:
         start, end, preset = usage.usage_range()
         context["range_error"] = f"{error.field}: {error}"
