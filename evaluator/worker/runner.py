@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -303,10 +304,6 @@ class Runner:
         if not self._claiming or free <= 0:
             return
         runs = dispatch.runs_claim(self.worker_id, free)
-        if not runs:
-            return
-        # The safety net under the profile listener: a claimed run starts under current limits.
-        refresh.catch_up(self.loop.frozen, source="task-start")
         for index, run in enumerate(runs):
             try:
                 self._start(run)
@@ -378,14 +375,21 @@ class Runner:
     def _start(self, run: EvaluationRun) -> None:
         assert run.claim is not None
         try:
-            start = execute.evaluation_run_prepare(run)
+            with execute.run_boundary(run):
+                # A claimed run starts under the limits of this instant (the safety net under
+                # the profile listener), read in the boundary's transaction.
+                refresh.catch_up(self.loop.frozen, source="task-start")
+                start = execute.evaluation_run_prepare(run)
+                with self.loop.frozen():
+                    registry = runtime.registry_for_run(start.plan)
+                    profile = registry.current_profile(run.workspace.key)
         except execute.RunNotStartable as refused:
             services.run_fail(
                 run, refused.error_type, refused.detail, field=refused.field, claim=run.claim
             )
             return
-        with self.loop.frozen():
-            registry = runtime.registry_for_run(start.plan)
+        if profile is not None:
+            start = dataclasses.replace(start, profile_version=profile.profile_version)
         held = _Held(token=run.claim)
         with self._lock:
             previous = self._held.get(run.pk)
@@ -445,6 +449,9 @@ class Runner:
             detail = f"{type(error).__name__} while evaluating; the worker log has the details"
             await self._retrying(held, fail("internal-error", detail))
         else:
+            if start.profile_version is not None:
+                # The version read at the run boundary, whatever a listener applied since.
+                outcome = dataclasses.replace(outcome, profile_version=start.profile_version)
             await self._retrying(
                 held, lambda: execute.run_complete(run, outcome, start=start, claim=token)
             )
