@@ -339,7 +339,8 @@ def _decision_action(
     extra: dict[str, Any] | None = None,
 ) -> TemplateResponse | None:
     """An approve/reject action: the runbook checklist page, then `decide` on each object
-    (Django's action signature plus `_form_action`'s keyword-only description of the page)."""
+    (its parameters: Django's action signature, then `_form_action`'s keyword-only description
+    of the page)."""
     return _form_action(
         model_admin,
         request,

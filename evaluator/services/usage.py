@@ -21,7 +21,7 @@ import json
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -31,6 +31,7 @@ from django.db import connection, transaction
 from django.db.models import F, Max, QuerySet, Sum
 from django.utils import timezone
 
+from admission.core import ServiceError
 from admission.models import Workspace
 from evaluator.models import EvaluationRun, UsageDay, UsageFigures, UsageHour
 
@@ -513,12 +514,11 @@ DEFAULT_RANGE = "24h"
 MAX_RANGE = timedelta(days=366)
 
 
-class UsageRangeError(ValueError):
+class UsageRangeError(ServiceError, ValueError):
     """A time range that cannot be read; `field` names the parameter."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field=field)
 
 
 def _moment(text: str, field: str, *, end: bool) -> datetime:
@@ -555,3 +555,13 @@ def usage_range(
     if chosen not in RANGES:
         raise UsageRangeError("range", f"must be one of {', '.join(RANGES)}, got {chosen[:20]!r}")
     return current - RANGES[chosen], current, chosen
+
+
+def usage_range_from(query: Mapping[str, Any]) -> tuple[datetime, datetime, str]:
+    """`usage_range` of a request's query parameters (`range`, `start`, `end`), as the admin's
+    page and the API read them."""
+    return usage_range(
+        preset=str(query.get("range") or ""),
+        start=str(query.get("start") or ""),
+        end=str(query.get("end") or ""),
+    )
