@@ -315,9 +315,7 @@ def redis_calls_between(before: dict, after: dict) -> int:
 
 
 def script_calls_between(before: dict, after: dict) -> int:
-    return sum(
-        after.get(name, (0, 0))[0] - before.get(name, (0, 0))[0] for name in SCRIPT_COMMANDS
-    )
+    return sum(after.get(name, (0, 0))[0] - before.get(name, (0, 0))[0] for name in SCRIPT_COMMANDS)
 
 
 # Targets: acquire p50 <= 2x the no-op FCALL; Redis time per decision <= 3x the anchor's per hit;
@@ -385,7 +383,8 @@ def anchors(url: str, seconds: float, callers: int) -> None:
     def verdict(name: str, higher_is_better: bool) -> str:
         met = ratios[name] >= TARGETS[name] if higher_is_better else ratios[name] <= TARGETS[name]
         sign = ">=" if higher_is_better else "<="
-        return f"{ratios[name]:.2f}x (target {sign} {TARGETS[name]}x: {'met' if met else 'not met'})"
+        outcome = "met" if met else "not met"
+        return f"{ratios[name]:.2f}x (target {sign} {TARGETS[name]}x: {outcome})"
 
     print(f"ratio acquire p50 / no-op FCALL p50:             {verdict('p50', False)}")
     print(f"ratio Redis time per decision / per limits hit:  {verdict('redis', False)}")
