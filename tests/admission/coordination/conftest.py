@@ -158,7 +158,8 @@ class Deployment:
 def redis_cluster() -> Iterator[PrivateRedisCluster]:
     """A Redis Cluster of three primaries with one replica each, on free loopback ports, shared
     by the session's tests (each under a key prefix of its own)."""
-    cluster = PrivateRedisCluster()
+    # A node frozen by a test for a second or two is not failed over.
+    cluster = PrivateRedisCluster(node_timeout_ms=5000)
     try:
         yield cluster
     finally:
