@@ -1,5 +1,7 @@
 """What the benchmarks that run Django share: its set-up for a throwaway deployment on loopback
-(a key of its own, plain HTTP) and a test database dropped afterwards.
+(a key of its own, plain HTTP), a test database dropped afterwards, and for the benchmarks that
+start a whole service: a deployment talking to a loopback provider, the script that activates a
+profile in it, and the API's timestamps as seconds.
 
 Import it first and call `configure()` before importing anything that needs the settings.
 """
@@ -7,11 +9,14 @@ Import it first and call `configure()` before importing anything that needs the 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import json
 import os
 import secrets
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,3 +50,60 @@ def throwaway_database() -> Iterator[str]:
     finally:
         connection.creation.destroy_test_db(name, verbosity=0)
         teardown_test_environment()
+
+
+# Proposes, approves and activates (as the demo's proposer and approver) the demo profile under
+# another label with other limits; run through `Deployment.django`.
+_ACTIVATE_PROFILE = """
+import copy
+from django.contrib.auth import get_user_model
+from admission.services import profiles as services
+from admission.models import Workspace
+from config.demo import DEMO_PROFILE
+document = copy.deepcopy(DEMO_PROFILE)
+document["profileVersion"] = {label!r}
+parts = [document["workspace"], *document["providers"].values(),
+         *document["principals"].values()]
+for part in parts:
+    part.update({limits!r})
+{then}
+users = get_user_model().objects
+proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+version = services.profile_version_propose(
+    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
+services.profile_version_approve(
+    version=version, approver=approver,
+    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}}, comment="benchmark")
+services.profile_version_activate(version=version, actor=approver)
+"""
+
+
+def activate_profile_script(label: str, limits: Mapping[str, Any], then: str = "") -> str:
+    """A script for `Deployment.django` that activates the demo profile as `label`, with
+    `limits` set on the workspace, every provider and every principal; `then` (Python at the
+    script's top level) changes `document` or `parts` further before it is proposed."""
+    return _ACTIVATE_PROFILE.format(label=label, limits=dict(limits), then=then)
+
+
+def epoch_seconds(value: str) -> float:
+    """An API timestamp (ISO 8601, `Z` for UTC) as seconds since the epoch."""
+    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def service_deployment(tmp: str, mode: str, provider: Any, *, name: str = "") -> Any:
+    """A deployment (`tests.service.conftest.Deployment`) in `tmp` whose `fake` adapter is
+    `provider`, a loopback OpenAI-compatible server; None, with the reason printed under `name`
+    (default: the mode), when the mode cannot run on this machine."""
+    import _pytest.outcomes
+
+    from tests.service.conftest import Deployment
+
+    try:
+        deployment = Deployment(Path(tmp), mode)
+    except _pytest.outcomes.Skipped as skipped:
+        print(f"{name or mode}: skipped ({skipped.msg})")
+        return None
+    deployment.env["SLUICE_ADAPTERS"] = json.dumps(
+        {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
+    )
+    return deployment

@@ -10,10 +10,13 @@ Run:  DATABASE_URL=postgres://... CELERY_BROKER_URL=redis://... \\
    whose ceilings are all `--ceiling`, submitted through the API; submit-to-complete (seen by the
    client, and `finishedAt - createdAt` as the server recorded it) against the provider-bound
    ideal `ceil(decisions / ceiling) x latency`, the most calls the provider had at once, and the
-   receipt writes per decision (the receipt's final revision counts every write).
+   receipt writes per decision: the document writes (the receipt's final revision counts them)
+   plus the slot writes, at most one per call (slots marked together share one).
 2. In this process, on a throwaway PostgreSQL database, the same evaluation through the engine
    with the database receipt store and a thread pool as a worker has: how long each call waited
-   for its slot to become durable before its adapter call (p50/p99), and writes per decision.
+   for its slot to become durable before its adapter call (p50/p99), the same for a bare
+   single-row INSERT in autocommit on the same database (the floor of any durable write there),
+   and writes per decision, slot writes and document writes counted apart.
 
 Figures only; no bounds. Skips the service part when DATABASE_URL / CELERY_BROKER_URL do not
 point at PostgreSQL and Redis.
@@ -23,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import json
 import logging
 import math
 import signal
@@ -37,8 +38,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import _pytest.outcomes
-from django_setup import configure, throwaway_database
+from django_setup import (
+    activate_profile_script,
+    configure,
+    epoch_seconds,
+    service_deployment,
+    throwaway_database,
+)
 
 configure()
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -55,37 +61,12 @@ from evaluator.worker.receipts_db import DatabaseReceiptStore  # noqa: E402
 from tests.evaluator.loopback import LoopbackServer, Reply  # noqa: E402
 from tests.service.conftest import Deployment  # noqa: E402
 
-CEILING_PROFILE = """
-import copy
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import DEMO_PROFILE
-document = copy.deepcopy(DEMO_PROFILE)
-document["profileVersion"] = "bench-ceiling"
-for part in [document["workspace"], *document["providers"].values(),
-             *document["principals"].values()]:
-    part.update(concurrency={ceiling}, requestsPerMinute=10**6, maxQueueLength=10000)
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
-services.profile_version_approve(
-    version=version, approver=approver,
-    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}}, comment="benchmark")
-services.profile_version_activate(version=version, actor=approver)
-"""
-
 RECEIPT_REVISION = """
 from evaluator.models import EvaluationRun, Receipt
 run = EvaluationRun.objects.get(pk="{run_id}")
 receipt = Receipt.objects.get(workspace_id="demo", invocation_id=run.invocation_id)
 print(receipt.revision, receipt.document["maxPendingDispatches"])
 """
-
-
-def _when(value: str) -> float:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def _percentile(values: list[float], fraction: float) -> float:
@@ -104,22 +85,23 @@ def through_the_service(args: argparse.Namespace) -> None:
     ideal = math.ceil(args.decisions / args.ceiling) * args.latency_ms / 1000
     with LoopbackServer() as provider, tempfile.TemporaryDirectory(prefix="sluice-dur-") as tmp:
         provider.default = Reply(delay=args.latency_ms / 1000)
-        try:
-            deployment = Deployment(Path(tmp), "full")
-        except _pytest.outcomes.Skipped as skipped:
-            print(f"service: skipped ({skipped.msg})")
+        deployment = service_deployment(tmp, "full", provider, name="service")
+        if deployment is None:
             return
-        deployment.env["SLUICE_ADAPTERS"] = json.dumps(
-            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-        )
         try:
             deployment.setup()
-            deployment.django(CEILING_PROFILE.format(ceiling=args.ceiling))
+            ceiling = {
+                "concurrency": args.ceiling,
+                "requestsPerMinute": 10**6,
+                "maxQueueLength": 10000,
+            }
+            deployment.django(activate_profile_script("bench-ceiling", ceiling))
             deployment.start_web()
             deployment.start_worker()
             # Warm the worker: connections to the database, Redis and the provider.
             deployment.wait_run(deployment.submit(_document(8, args.ceiling, "warm-up"))["id"])
             for attempt in range(args.repeat):
+                load = _load_average()
                 provider.max_in_flight = 0
                 before = len(provider.requests)
                 started = time.monotonic()
@@ -128,25 +110,26 @@ def through_the_service(args: argparse.Namespace) -> None:
                 )
                 run = _wait_fast(deployment, submitted["id"])
                 client_s = time.monotonic() - started
-                server_s = _when(run["finishedAt"]) - _when(run["createdAt"])
+                server_s = epoch_seconds(run["finishedAt"]) - epoch_seconds(run["createdAt"])
                 revision, most = deployment.django(
                     RECEIPT_REVISION.format(run_id=run["id"])
                 ).split()
                 calls = len(provider.requests) - before
-                claimed_s = _when(run["startedAt"]) - _when(run["createdAt"])
+                claimed_s = epoch_seconds(run["startedAt"]) - epoch_seconds(run["createdAt"])
                 spans = [(a["startedMs"], a["endedMs"]) for a in run["attempts"]]
                 calls_s = (max(end for _, end in spans) - min(s for s, _ in spans)) / 1000
                 waves = sorted(start for start, _ in spans)[:: args.ceiling]
                 arrivals = sorted(r["at"] for r in provider.requests[before:])
                 at_provider = [(t - arrivals[0]) * 1000 for t in arrivals[:: args.ceiling]]
+                writes = int(revision) + calls
                 print(
                     f"service, {args.decisions} decisions x {args.latency_ms:g} ms, ceiling "
-                    f"{args.ceiling}: submit→complete {client_s:5.2f} s (client), "
-                    f"{server_s:5.2f} s (server) vs ideal {ideal:.2f} s = "
+                    f"{args.ceiling} (load average {load}): submit→complete {client_s:5.2f} s "
+                    f"(client), {server_s:5.2f} s (server) vs ideal {ideal:.2f} s = "
                     f"x{server_s / ideal:.2f}; {run['status']}, {calls} calls, at most "
                     f"{provider.max_in_flight} at the provider, receipt slots at most {most}; "
-                    f"{int(revision)} receipt writes = {int(revision) / args.decisions:.2f} "
-                    f"per decision",
+                    f"{int(revision)} document writes + at most {calls} slot writes = at most "
+                    f"{writes / args.decisions:.2f} receipt writes per decision",
                     flush=True,
                 )
                 print(
@@ -158,6 +141,53 @@ def through_the_service(args: argparse.Namespace) -> None:
                 )
         finally:
             deployment.stop()
+
+
+def _load_average() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+class _CountingStore:
+    """The database store, counting slot writes and document writes."""
+
+    def __init__(self, inner: DatabaseReceiptStore) -> None:
+        self.inner = inner
+        self.slot_writes = 0
+        self.document_writes = 0
+
+    async def load(self, key: ReceiptKey) -> dict[str, Any] | None:
+        return await self.inner.load(key)
+
+    async def create(self, key: ReceiptKey, document: Any) -> None:
+        self.document_writes += 1
+        await self.inner.create(key, document)
+
+    async def claim(self, key: ReceiptKey) -> tuple[dict[str, Any], int]:
+        return await self.inner.claim(key)
+
+    async def add_slots(self, key: ReceiptKey, slots: Any, *, claim: int) -> None:
+        self.slot_writes += 1
+        await self.inner.add_slots(key, slots, claim=claim)
+
+    async def update(
+        self, key: ReceiptKey, document: Any, *, expected_revision: int, settled: Any = ()
+    ) -> None:
+        self.document_writes += 1
+        await self.inner.update(key, document, expected_revision=expected_revision, settled=settled)
+
+
+def _bare_commits(pool: ThreadPoolExecutor, count: int) -> list[float]:
+    """Milliseconds per single-row INSERT in autocommit, from a pool thread, as slots are."""
+
+    def one() -> float:
+        with connections["default"].cursor() as cursor:
+            began = time.perf_counter()
+            cursor.execute("INSERT INTO bench_commit (at) VALUES (now())")
+            return (time.perf_counter() - began) * 1000
+
+    with connections["default"].cursor() as cursor:
+        cursor.execute("CREATE TABLE IF NOT EXISTS bench_commit (id bigserial, at timestamptz)")
+    return [pool.submit(one).result() for _ in range(count)]
 
 
 def _wait_fast(deployment: Deployment, run_id: str) -> dict[str, Any]:
@@ -182,7 +212,7 @@ def in_process(args: argparse.Namespace) -> None:
 
     ReceiptJournal.mark_dispatch = timed  # type: ignore[method-assign]
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bench-db")
-    store = DatabaseReceiptStore(pool)
+    store = _CountingStore(DatabaseReceiptStore(pool))
     limits = {"concurrency": args.ceiling, "requestsPerMinute": 10**6, "maxQueueLength": 10000}
     profile = Profile.from_dict(
         {
@@ -193,7 +223,7 @@ def in_process(args: argparse.Namespace) -> None:
         },
         workspace_id="bench",
     )
-    writes: list[int] = []
+    writes: list[tuple[int, int]] = []
     walls: list[float] = []
 
     async def one(index: int) -> None:
@@ -204,6 +234,7 @@ def in_process(args: argparse.Namespace) -> None:
             principal_id="bench-principal",
             workspace_id="bench",
         )
+        before = (store.slot_writes, store.document_writes)
         began = time.perf_counter()
         result = await evaluate_decision_ruleset(
             request,
@@ -213,13 +244,13 @@ def in_process(args: argparse.Namespace) -> None:
         )
         walls.append(time.perf_counter() - began)
         assert result.status == "completed", result.status
-        document = await store.load(ReceiptKey("bench", "bench-principal", f"bench-{index}"))
-        assert document is not None
-        writes.append(document["revision"])
+        writes.append((store.slot_writes - before[0], store.document_writes - before[1]))
 
+    load = _load_average()
     try:
         for index in range(args.repeat):
             asyncio.run(one(index))
+        bare = _bare_commits(pool, 200)
     finally:
         # Every pool thread closes its own connection (the barrier puts one task on each).
         barrier = threading.Barrier(8)
@@ -233,12 +264,17 @@ def in_process(args: argparse.Namespace) -> None:
         pool.shutdown()
         ReceiptJournal.mark_dispatch = original  # type: ignore[method-assign]
     ideal = math.ceil(args.decisions / args.ceiling) * args.latency_ms / 1000
+    slot_writes = statistics.median(w[0] for w in writes)
+    document_writes = statistics.median(w[1] for w in writes)
     print(
         f"engine + PostgreSQL receipts, {args.decisions} decisions x {args.latency_ms:g} ms, "
-        f"ceiling {args.ceiling}: wall {statistics.median(walls):.3f} s vs ideal {ideal:.2f} s; "
-        f"slot durable before the call p50 {_percentile(waits, 0.5):.2f} ms, "
-        f"p99 {_percentile(waits, 0.99):.2f} ms ({len(waits)} dispatches); "
-        f"{statistics.median(writes) / args.decisions:.2f} receipt writes per decision",
+        f"ceiling {args.ceiling} (load average {load}): wall {statistics.median(walls):.3f} s "
+        f"vs ideal {ideal:.2f} s; slot durable before the call p50 "
+        f"{_percentile(waits, 0.5):.2f} ms, p99 {_percentile(waits, 0.99):.2f} ms "
+        f"({len(waits)} dispatches); bare single-row commit p50 {_percentile(bare, 0.5):.2f} ms, "
+        f"p99 {_percentile(bare, 0.99):.2f} ms; {slot_writes:g} slot writes + "
+        f"{document_writes:g} document writes = "
+        f"{(slot_writes + document_writes) / args.decisions:.2f} receipt writes per decision",
         flush=True,
     )
 

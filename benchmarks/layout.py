@@ -17,6 +17,11 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from tests.import_graph import circles as import_circles  # noqa: E402
+
 # Top to bottom: a module may import its own layer and the layers below it.
 LAYERS = ("config", "console", "evaluator", "admission")
 
@@ -38,50 +43,6 @@ def _sources() -> list[Path]:
     ]
 
 
-def _components(graph: grimp.ImportGraph) -> list[list[str]]:
-    """Import circles: the strongly connected components of two or more modules."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    for root in sorted(graph.modules):
-        if root in index:
-            continue
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = len(index)
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append(
-                        (child, iter(sorted(graph.find_modules_directly_imported_by(child))))
-                    )
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
-
-
 def _upward(graph: grimp.ImportGraph) -> list[str]:
     rank = {name: depth for depth, name in enumerate(LAYERS)}
     up = []
@@ -93,11 +54,28 @@ def _upward(graph: grimp.ImportGraph) -> list[str]:
     return up
 
 
-def _functions(paths: list[Path]) -> list[tuple[int, int, str]]:
-    """(lines, parameters, where) of every function and method."""
+def _reasoned(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, owner: ast.ClassDef | None, word: str
+) -> bool:
+    """Whether the function's docstring (for `__init__`, its class's too) gives a reason that
+    names `word` ("parameters", "lines")."""
+    texts = [ast.get_docstring(node) or ""]
+    if owner is not None and node.name == "__init__":
+        texts.append(ast.get_docstring(owner) or "")
+    return any(word in text for text in texts)
+
+
+def _functions(paths: list[Path]) -> list[tuple[int, int, str, bool, bool]]:
+    """(lines, parameters, where, a reason for its length, a reason for its parameters) of
+    every function and method."""
     found = []
     for path in paths:
         tree = ast.parse(path.read_text(encoding="utf-8"))
+        owners: dict[ast.AST, ast.ClassDef] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                for child in node.body:
+                    owners[child] = node
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 arguments = node.args
@@ -107,7 +85,16 @@ def _functions(paths: list[Path]) -> list[tuple[int, int, str]]:
                     count -= 1
                 lines = (node.end_lineno or node.lineno) - node.lineno + 1
                 where = f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
-                found.append((lines, count, where))
+                owner = owners.get(node)
+                found.append(
+                    (
+                        lines,
+                        count,
+                        where,
+                        _reasoned(node, owner, "long"),
+                        _reasoned(node, owner, "parameters"),
+                    )
+                )
     return found
 
 
@@ -125,10 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     for layer in sorted(files):
         print(f"{layer:34} {files[layer]:>6} {lines[layer]:>7}")
     print(f"{'total':34} {sum(files.values()):>6} {sum(lines.values()):>7}")
-    sys.path.insert(0, str(ROOT))
     present = [package for package in LAYERS if (ROOT / package).is_dir()]
     graph = grimp.build_graph(*present, cache_dir=None)
-    circles = _components(graph)
+    circles = import_circles(graph)
     print(f"\nimport circles (lazy imports included): {len(circles)}")
     for circle in circles:
         print("  " + " <-> ".join(circle))
@@ -138,13 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         print("  " + edge)
     functions = _functions(paths)
     print(f"\nlargest functions (of {len(functions)}):")
-    for size, count, where in sorted(functions, reverse=True)[: options.top]:
+    for size, count, where, _, _ in sorted(functions, reverse=True)[: options.top]:
         print(f"  {size:>4} lines {count:>3} parameters  {where}")
+    long_bodies = [f for f in functions if f[0] > 80]
     long_signatures = sorted((f for f in functions if f[1] > 6), key=lambda f: -f[1])
-    print(f"functions over 80 lines: {sum(1 for f in functions if f[0] > 80)}")
-    print(f"functions over 6 parameters: {len(long_signatures)}")
-    for size, count, where in long_signatures[: options.top]:
-        print(f"  {count:>3} parameters {size:>4} lines  {where}")
+    # A reason: the docstring says why it runs long ("long") or takes so many ("parameters").
+    unexplained = sum(1 for f in long_bodies if not f[3])
+    print(f"functions over 80 lines: {len(long_bodies)} ({unexplained} without a reason)")
+    unexplained = sum(1 for f in long_signatures if not f[4])
+    print(f"functions over 6 parameters: {len(long_signatures)} ({unexplained} without a reason)")
+    for size, count, where, _, reason in long_signatures[: options.top]:
+        note = "" if reason else "  (no reason in its docstring)"
+        print(f"  {count:>3} parameters {size:>4} lines  {where}{note}")
     return 0
 
 

@@ -131,7 +131,6 @@ def running_receipt(run: EvaluationRun, decisions: int) -> None:
         ruleset_digest=run.ruleset_digest,
         state="running",
         revision=document["revision"],
-        pending_dispatch=True,
         document=document,
     )
 

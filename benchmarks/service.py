@@ -26,19 +26,15 @@ figures; asserts nothing.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import logging
 import signal
 import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import _pytest.outcomes
-from django_setup import configure
+from django_setup import activate_profile_script, configure, epoch_seconds, service_deployment
 
 # The example request lives in a module that imports models.
 configure()
@@ -50,54 +46,21 @@ from tests.evaluator.loopback import LoopbackServer, Reply  # noqa: E402
 from tests.service.conftest import TERMINAL, Deployment  # noqa: E402
 from tests.service.test_fairness import QUIET_WORKSPACE  # noqa: E402
 
-WIDE_PROFILE = """
-import copy
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import DEMO_PROFILE
-document = copy.deepcopy(DEMO_PROFILE)
-document["profileVersion"] = "bench-wide"
-for part in [document["workspace"], *document["providers"].values(),
-             *document["principals"].values()]:
-    part.update(concurrency=256, requestsPerMinute=10**7, maxQueueLength=100000)
+WIDE_LIMITS = {"concurrency": 256, "requestsPerMinute": 10**7, "maxQueueLength": 100000}
+# With --provider-concurrency: the provider's ceiling, and every call waits its turn at the
+# provider (none may time out in the queue).
+PROVIDER_CEILING = """
 if {provider_concurrency}:
     document["providers"]["fake"]["concurrency"] = {provider_concurrency}
-    # Every call waits its turn at the provider: none may time out in the queue.
-    for part in [document["workspace"], *document["providers"].values(),
-                 *document["principals"].values()]:
+    for part in parts:
         part["maxQueueWaitMs"] = 600000
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
-services.profile_version_approve(
-    version=version, approver=approver,
-    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}}, comment="benchmark")
-services.profile_version_activate(version=version, actor=approver)
 """
-
-
-def _when(value: str) -> float:
-    return dt.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
 def _percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))
     return ordered[index]
-
-
-def _deployment(tmp: str, mode: str, provider: LoopbackServer) -> Deployment | None:
-    try:
-        deployment = Deployment(Path(tmp), mode)
-    except _pytest.outcomes.Skipped as skipped:
-        print(f"{mode}: skipped ({skipped.msg})")
-        return None
-    deployment.env["SLUICE_ADAPTERS"] = json.dumps(
-        {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-    )
-    return deployment
 
 
 def _wait_all(deployment: Deployment, ids: set[str], path: str, user: str) -> list[dict[str, Any]]:
@@ -137,7 +100,7 @@ def measure(
     """Live: workers run while the evaluations are submitted. Backlog: every evaluation is
     queued first, then the workers start (what the workers do, apart from the web server)."""
     with tempfile.TemporaryDirectory(prefix=f"sluice-bench-{mode}-") as tmp:
-        deployment = _deployment(tmp, mode, provider)
+        deployment = service_deployment(tmp, mode, provider)
         if deployment is None:
             return None
         cap = str(args.backlog_cap if backlog else args.cap)
@@ -145,9 +108,10 @@ def measure(
         try:
             deployment.setup()
             if args.limits == "wide":
-                deployment.django(
-                    WIDE_PROFILE.format(provider_concurrency=args.provider_concurrency or 0)
+                ceiling = PROVIDER_CEILING.format(
+                    provider_concurrency=args.provider_concurrency or 0
                 )
+                deployment.django(activate_profile_script("bench-wide", WIDE_LIMITS, ceiling))
             deployment.start_web()
             if backlog:
                 ids, submitted = _submit_all(deployment, args)
@@ -161,9 +125,9 @@ def measure(
         finally:
             deployment.stop()
     start = "startedAt" if backlog else "createdAt"
-    latencies = [_when(r["finishedAt"]) - _when(r[start]) for r in runs]
-    first = min(_when(r[start]) for r in runs)
-    last = max(_when(r["finishedAt"]) for r in runs)
+    latencies = [epoch_seconds(r["finishedAt"]) - epoch_seconds(r[start]) for r in runs]
+    first = min(epoch_seconds(r[start]) for r in runs)
+    last = max(epoch_seconds(r["finishedAt"]) for r in runs)
     return {
         "runs": len(runs),
         "statuses": sorted({r["status"] for r in runs}),
@@ -183,12 +147,12 @@ def _quiet(deployment: Deployment) -> float:
     response = deployment.api("POST", path, json=example_request(1), user="demo-approver")
     run_id = response.json()["id"]
     (run,) = _wait_all(deployment, {run_id}, path, "demo-approver")
-    return _when(run["finishedAt"]) - _when(run["createdAt"])
+    return epoch_seconds(run["finishedAt"]) - epoch_seconds(run["createdAt"])
 
 
 def fairness(mode: str, args: argparse.Namespace, provider: LoopbackServer) -> None:
     with tempfile.TemporaryDirectory(prefix=f"sluice-bench-fair-{mode}-") as tmp:
-        deployment = _deployment(tmp, mode, provider)
+        deployment = service_deployment(tmp, mode, provider)
         if deployment is None:
             return
         try:

@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import uuid
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Now
 
-from evaluator.engine.receipts import RECEIPT_SCHEMA
+from evaluator.engine.receipts import RECEIPT_SCHEMA, RECEIPT_SCHEMA_V2, pending_slots, with_slots
 
 
 class Receipt(models.Model):
     """The durable receipt (v3; a v2 one until the run that resumes it upgrades it) of one
     evaluation invocation.
 
-    ``document`` is the receipt JSON the evaluator reads and writes; the other columns copy what
-    operators filter on. Updates are compare-and-set on ``revision`` and stop once ``state``
-    leaves ``running``.
+    ``document`` is the receipt JSON the evaluator reads and writes, except its pending-dispatch
+    slots: each is a ``ReceiptSlot`` row (a v2 receipt keeps its one slot in the document). The
+    other columns copy what operators filter on. Updates are compare-and-set on ``revision`` and
+    stop once ``state`` leaves ``running``; slots are added only under the latest ``claim``.
     """
 
     class State(models.TextChoices):
@@ -34,7 +36,8 @@ class Receipt(models.Model):
     ruleset_digest = models.CharField(max_length=80)
     state = models.CharField(max_length=16, choices=State.choices, default=State.RUNNING)
     revision = models.PositiveIntegerField()
-    pending_dispatch = models.BooleanField(default=False)
+    # Taken anew by every run that resumes the receipt: slots are added under the latest only.
+    claim = models.PositiveIntegerField(default=1)
     document = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -52,6 +55,52 @@ class Receipt(models.Model):
     def __str__(self) -> str:
         return f"receipt {self.invocation_id} ({self.state}, revision {self.revision})"
 
+    @property
+    def pending_dispatches(self) -> int:
+        """How many dispatches are pending: calls sent whose outcome is not recorded yet."""
+        counted = getattr(self, "slot_count", None)
+        if counted is None:
+            counted = self.slots.count()
+        if self.document.get("schema") == RECEIPT_SCHEMA_V2:
+            counted += len(pending_slots(self.document))
+        return counted
+
+    def full_document(self) -> dict[str, Any]:
+        """The receipt document as the evaluator reads it: with its pending slots."""
+        rows = self.slots.all()
+        return with_slots(self.document, {_row_key(row): row.slot for row in rows})
+
+
+class ReceiptSlot(models.Model):
+    """One pending dispatch of a receipt: an attempt whose call may be at its provider.
+
+    Added (durably) before the call starts and deleted in the transaction that records the
+    attempt; one still here when a run resumes becomes that attempt's ``execution-uncertain``
+    record. Slot inserts lock the receipt row only for key share, so they never wait for a
+    document write of the same receipt, and the unique constraint keeps every attempt to one slot.
+    """
+
+    receipt = models.ForeignKey(Receipt, on_delete=models.CASCADE, related_name="slots")
+    decision_index = models.PositiveIntegerField()
+    target_index = models.PositiveIntegerField()
+    number = models.PositiveIntegerField()
+    slot = models.JSONField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["receipt", "decision_index", "target_index", "number"],
+                name="evaluator_receiptslot_unique_attempt",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"slot {self.decision_index}/{self.target_index}/{self.number}"
+
+
+def _row_key(row: ReceiptSlot) -> tuple[int, int, int]:
+    return (row.decision_index, row.target_index, row.number)
+
 
 class WorkerRun(models.Model):
     """What every run a worker executes keeps: its submitter, task, deliveries, timings, error."""
@@ -66,7 +115,10 @@ class WorkerRun(models.Model):
     error = models.JSONField(null=True, blank=True)
     task_id = models.CharField(max_length=64, blank=True)
     deliveries = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Stamped by the database in the INSERT (STATEMENT_TIMESTAMP() on PostgreSQL), like every
+    # other time of a run (evaluator/services/server_clock.py): a web process whose clock is
+    # off neither misdates a run nor moves it in the claim order. SQLite's is the process's.
+    created_at = models.DateTimeField(db_default=Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet
 
 from admission.models import ProfileVersion, Workspace
 from evaluator.engine.receipts import pending_slots
-from evaluator.models import EvaluationRun, LoadRun, Receipt
+from evaluator.models import EvaluationRun, LoadRun, Receipt, ReceiptSlot
 
 
 def evaluation_run_list(
@@ -167,7 +167,8 @@ def evaluation_run_progress(run: EvaluationRun) -> RunProgress:
     receipt = _receipt_of(run).only("document").first()
     if receipt is None:
         return RunProgress(run.decision_count, 0, {}, [], [])
-    entries = receipt.document.get("decisions") or []
+    document = receipt.full_document()
+    entries = document.get("decisions") or []
     attempts = [
         {"decisionId": entry["decisionId"], **attempt}
         for entry in entries
@@ -182,12 +183,23 @@ def evaluation_run_progress(run: EvaluationRun) -> RunProgress:
             "number": slot.get("number"),
             "evidence": slot.get("evidence"),
         }
-        for slot in sorted(
-            pending_slots(receipt.document), key=lambda slot: slot.get("decisionIndex", 0)
-        )
+        for slot in sorted(pending_slots(document), key=lambda slot: slot.get("decisionIndex", 0))
     ]
-    maximum = int(receipt.document.get("maxPendingDispatches") or (1 if in_flight else 0))
+    # A slot write lands before the document write that raises the most at once.
+    maximum = max(int(document.get("maxPendingDispatches") or 0), len(in_flight))
     return _progress(run.decision_count, entries, attempts, in_flight, maximum)
+
+
+def with_pending_dispatches(receipts: QuerySet[Receipt]) -> QuerySet[Receipt]:
+    """``receipts`` with the count of their pending-dispatch slots (``Receipt.pending_dispatches``
+    reads it without a query of its own)."""
+    return receipts.annotate(slot_count=Count("slots"))
+
+
+def receipts_in_flight(receipts: QuerySet[Receipt], *, in_flight: bool) -> QuerySet[Receipt]:
+    """Those of ``receipts`` with a pending-dispatch slot (``in_flight``), or those without."""
+    has_slot = Exists(ReceiptSlot.objects.filter(receipt=OuterRef("pk")))
+    return receipts.filter(has_slot if in_flight else ~has_slot)
 
 
 def _receipt_of(run: EvaluationRun) -> QuerySet[Receipt]:

@@ -10,6 +10,8 @@ from pathlib import Path
 import grimp
 import pytest
 
+from tests.import_graph import circles
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("admission", "evaluator", "console", "config")
 
@@ -66,58 +68,9 @@ def test_no_private_name_is_used_across_modules(module: str, path: Path) -> None
     assert private_uses(module, tree) == []
 
 
-def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
-    # Tarjan's strongly connected components, iteratively; a component of two or more modules
-    # is a circle.
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    circles: list[list[str]] = []
-    counter = 0
-    for root in sorted(graph.modules):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = counter
-                    counter += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append(
-                        (child, iter(sorted(graph.find_modules_directly_imported_by(child))))
-                    )
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    circles.append(sorted(component))
-    return circles
-
-
 def test_no_module_imports_itself_back_through_others() -> None:
     graph = grimp.build_graph(*PACKAGES, cache_dir=None)
-    assert _cycles(graph) == []
+    assert circles(graph) == []
 
 
 def test_no_test_hook_in_production_code() -> None:
@@ -130,3 +83,12 @@ def test_no_test_hook_in_production_code() -> None:
         if "SLUICE_TEST_" in line
     ]
     assert found == []
+
+
+def test_the_circle_finder_finds_a_circle_through_three_modules() -> None:
+    graph = grimp.ImportGraph()
+    for module in ("a", "b", "c", "d"):
+        graph.add_module(module)
+    for importer, imported in (("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")):
+        graph.add_import(importer=importer, imported=imported)
+    assert circles(graph) == [["a", "b", "c"]]

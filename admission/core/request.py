@@ -12,6 +12,7 @@ class Estimate:
     """The host's estimate of one dispatch; `None` means unknown.
 
     It is not validated on construction: host estimates are untrusted and `acquire` judges them.
+    Its parameters are its seven optional fields, one each.
     """
 
     __slots__ = (
@@ -51,6 +52,8 @@ class AdmissionRequest:
     """One attempt that wants to dispatch: budget, trusted principal/workspace, provider lane.
 
     `deadline_ms` is on the clock's monotonic millisecond scale; `signal` is a `CancelSignal`.
+    Its parameters are its fields, one each: the four that identify the attempt, then three
+    optional ones.
     """
 
     __slots__ = (

@@ -1,4 +1,8 @@
-"""What every admin page shares: reporting a service's refusal.
+"""What every admin page shares: the page around a form, and reporting a service's refusal.
+
+`admin_page` renders a page of a model's admin (the site's context, the model's options for the
+breadcrumbs, a title and the page's own context); a form page's template includes
+`admin/console/form_fields.html` for its fields.
 
 A refusal is a `ServiceError` (admission.core) raised by a service, or `access.AccessDenied`.
 An action over selected objects reports each one as an error message (`report_refusal`); a form
@@ -12,14 +16,29 @@ from typing import Any
 from django import forms
 from django.contrib import messages
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
 
 from admission import access
 from admission.core import ServiceError
 
-__all__ = ["REFUSALS", "form_refusal", "refusal_text", "report_refusal"]
+__all__ = ["REFUSALS", "admin_page", "form_refusal", "refusal_text", "report_refusal"]
 
 # What an admin page catches around a service call and reports instead of failing.
 REFUSALS = (ServiceError, access.AccessDenied)
+
+
+def admin_page(
+    model_admin: Any, request: HttpRequest, template: str, *, title: str, **context: Any
+) -> TemplateResponse:
+    """A page of `model_admin`'s model: the admin site's context, the model's options, `title`
+    and the page's own `context` (its form, its objects, ...)."""
+    page = {
+        **model_admin.admin_site.each_context(request),
+        "opts": model_admin.opts,
+        "title": title,
+        **context,
+    }
+    return TemplateResponse(request, template, page)
 
 
 def refusal_text(error: Exception) -> str:

@@ -45,7 +45,7 @@ from admission.models import (
 from admission.profile_diff import LimitRow, limit_rows, limits_diff, zero_limit_count
 from admission.services import profiles as services
 from admission.services import rollout
-from console.admin.kit import REFUSALS, form_refusal, report_refusal
+from console.admin.kit import REFUSALS, admin_page, form_refusal, report_refusal
 from console.charts.load_runs import load_run_bounds, load_run_glance
 from console.forms.profiles import (
     ProfileDecisionForm,
@@ -292,17 +292,17 @@ def _form_action(
             return None
     else:
         form = make_form(None)
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.opts,
-        "title": title,
-        "form": form,
-        "action": action,
-        "objects": list(queryset),
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+    return admin_page(
+        model_admin,
+        request,
+        template,
+        title=title,
+        form=form,
+        action=action,
+        objects=list(queryset),
+        action_checkbox_name=helpers.ACTION_CHECKBOX_NAME,
         **(extra or {}),
-    }
-    return TemplateResponse(request, template, context)
+    )
 
 
 def _not_your_own(
@@ -339,7 +339,8 @@ def _decision_action(
     extra: dict[str, Any] | None = None,
 ) -> TemplateResponse | None:
     """An approve/reject action: the runbook checklist page, then `decide` on each object
-    (Django's action signature plus `_form_action`'s keyword-only description of the page)."""
+    (its parameters: Django's action signature, then `_form_action`'s keyword-only description
+    of the page)."""
     return _form_action(
         model_admin,
         request,
@@ -627,17 +628,17 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         if query:
             rows = [row for row in rows if query.lower() in row.scope.lower()]
         page = Paginator(rows, LIMITS_PAGE_ROWS).get_page(request.GET.get("page"))
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": f"Limits of {version}",
-            "version": version,
-            "base": base,
-            "page": page,
-            "query": query,
-            "everything": everything,
-        }
-        return TemplateResponse(request, "admin/admission/profileversion/limits.html", context)
+        return admin_page(
+            self,
+            request,
+            "admin/admission/profileversion/limits.html",
+            title=f"Limits of {version}",
+            version=version,
+            base=base,
+            page=page,
+            query=query,
+            everything=everything,
+        )
 
     def change_view(
         self,
@@ -791,18 +792,18 @@ class ProfileVersionAdmin(WorkspaceScopedAdminMixin, NoEditAdminMixin, admin.Mod
         else:
             form = ProfileProposeForm(user=request.user)
             form.initial.update(initial_proposal(form, request.GET.get("workspace")))
-        context = {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": "Propose a profile version",
-            "form": form,
-            "diff": diff,
-            "limits": limits,
-            "runbook_url": runbook_url(),
-            "runbook_id": RUNBOOK_ID,
+        return admin_page(
+            self,
+            request,
+            "admin/admission/profileversion/propose.html",
+            title="Propose a profile version",
+            form=form,
+            diff=diff,
+            limits=limits,
+            runbook_url=runbook_url(),
+            runbook_id=RUNBOOK_ID,
             **(extra_context or {}),
-        }
-        return TemplateResponse(request, "admin/admission/profileversion/propose.html", context)
+        )
 
     def _decision_page(
         self, request: HttpRequest, queryset: QuerySet[ProfileVersion], decision: str

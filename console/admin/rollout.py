@@ -13,7 +13,6 @@ from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
@@ -21,7 +20,7 @@ from django.utils.safestring import SafeString
 from admission import access, selectors
 from admission.models import RolloutEvent, Workspace
 from admission.services import rollout
-from console.admin.kit import REFUSALS, report_refusal
+from console.admin.kit import REFUSALS, admin_page, report_refusal
 from console.charts import svg as charts
 from console.forms.profiles import (
     CanaryStartForm,
@@ -171,14 +170,6 @@ class RolloutEventAdmin(admin.ModelAdmin):
 
     # ------------------------------------------------------------------------ pages
 
-    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
-        return {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": title,
-            **extra,
-        }
-
     def controls_index(self, request: HttpRequest) -> HttpResponse:
         workspaces = selectors.workspace_list_for_user(user=request.user, act=access.VIEW)
         if not workspaces.exists():
@@ -192,10 +183,8 @@ class RolloutEventAdmin(admin.ModelAdmin):
             )
             for workspace in workspaces
         ]
-        return TemplateResponse(
-            request,
-            "admin/admission/rollout/index.html",
-            self._context(request, "Rollout controls", rows=rows),
+        return admin_page(
+            self, request, "admin/admission/rollout/index.html", title="Rollout controls", rows=rows
         )
 
     def controls_view(self, request: HttpRequest, workspace_key: str) -> HttpResponse:
@@ -232,9 +221,11 @@ class RolloutEventAdmin(admin.ModelAdmin):
                     return HttpResponseRedirect(request.path)
         shadow = rollout.shadow_current(workspace=workspace)
         canary = rollout.canary_current(workspace=workspace)
-        context = self._context(
+        return admin_page(
+            self,
             request,
-            f"Rollout controls of {workspace.key}",
+            "admin/admission/rollout/controls.html",
+            title=f"Rollout controls of {workspace.key}",
             workspace=workspace,
             current=selectors.workspace_current_version(workspace=workspace),
             parallel_allowed=rollout.parallel_scheduling_allowed(workspace=workspace),
@@ -246,7 +237,6 @@ class RolloutEventAdmin(admin.ModelAdmin):
             may_operate=may_operate,
             events=list(rollout.rollout_events(workspace=workspace)[:10]),
         )
-        return TemplateResponse(request, "admin/admission/rollout/controls.html", context)
 
     @staticmethod
     def _forms(
@@ -314,9 +304,11 @@ class RolloutEventAdmin(admin.ModelAdmin):
         comparison = comparisons.session_comparison(event)
         other = "shadow" if event.kind == RolloutEvent.Kind.SHADOW_START else "canary"
         closing = event.closings.first()
-        context = self._context(
+        return admin_page(
+            self,
             request,
-            f"{other.capitalize()} {event.version.profile_version if event.version else ''} "
+            "admin/admission/rollout/comparison.html",
+            title=f"{other.capitalize()} {event.version.profile_version if event.version else ''} "
             f"against the active profile",
             event=event,
             closing=closing,
@@ -324,4 +316,3 @@ class RolloutEventAdmin(admin.ModelAdmin):
             comparison=comparison,
             plots=comparison_charts(comparison, other=other),
         )
-        return TemplateResponse(request, "admin/admission/rollout/comparison.html", context)

@@ -13,14 +13,13 @@ from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from admission import access
-from console.admin.kit import REFUSALS, form_refusal, report_refusal
+from console.admin.kit import REFUSALS, admin_page, form_refusal, report_refusal
 from console.admin.profiles import (
     WORKSPACE_FILTER,
     NoEditAdminMixin,
@@ -32,10 +31,11 @@ from console.charts.load_runs import load_run_bounds, load_run_glance
 from console.forms.runs import EvaluationSubmitForm, LoadRunStartForm
 from console.templatetags.readable import readable_number
 from evaluator import selectors
-from evaluator.engine.receipts import pending_slots
 from evaluator.models import EvaluationRun, LoadRun, Receipt
 from evaluator.services import cancellation, load_runs
 from evaluator.services import runs as services
+
+RUN_FORM = "admin/evaluator/run_form.html"
 
 
 def _table(headers: tuple[str, ...], rows: Any) -> SafeString | str:
@@ -54,32 +54,18 @@ def _pretty(document: Any) -> SafeString:
     return json_block(document, style="max-height: 40em; overflow: auto")
 
 
-def _run_form_page(
-    model_admin: admin.ModelAdmin,
-    request: HttpRequest,
-    form: Any,
-    title: str,
-    submit_label: str,
-    intro: str,
-) -> TemplateResponse:
-    """The page that starts a run: the form, its submit label and a line of explanation."""
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "opts": model_admin.opts,
-        "title": title,
-        "form": form,
-        "submit_label": submit_label,
-        "intro": intro,
-    }
-    return TemplateResponse(request, "admin/evaluator/run_form.html", context)
-
-
 class RunAdminMixin(NoEditAdminMixin):
     """Rows written by workers: viewable, never changed or deleted by hand; the page of an
     unfinished run reloads itself every `REFRESH_SECONDS`."""
 
     REFRESH_SECONDS = 3
     change_form_template: Any = "admin/evaluator/run_change_form.html"
+    # The action that cancels a run of this kind, offered on an unfinished run's page.
+    cancel_action = ""
+
+    def may_cancel(self, user: Any, run: Any) -> bool:
+        """Whether `user` may cancel `run` (the service decides again when asked)."""
+        return False
 
     def _cancel_each(
         self, request: HttpRequest, queryset: QuerySet[Any], cancel: Callable[[Any, Any], Any]
@@ -110,10 +96,14 @@ class RunAdminMixin(NoEditAdminMixin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
+        """An unfinished run's page reloads itself and, for whoever may cancel it, offers a
+        button that runs the cancel action on it."""
         run = self.get_object(request, unquote(object_id))  # type: ignore[attr-defined]
         context = dict(extra_context or {})
         if run is not None and not run.finished:
             context["refresh_seconds"] = self.REFRESH_SECONDS
+            if self.may_cancel(request.user, run):
+                context["cancel_action"] = self.cancel_action
         return super().change_view(request, object_id, form_url, context)  # type: ignore[misc]
 
     @admin.display(description="duration")
@@ -181,19 +171,10 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
     def short_id(self, obj: EvaluationRun) -> str:
         return str(obj.pk)[:8]
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        """An unfinished run's page offers a button that runs the cancel action on it."""
-        context = dict(extra_context or {})
-        run = self.get_object(request, unquote(object_id))
-        if run is not None and not run.finished and cancellation.may_cancel(request.user, run):
-            context["cancel_action"] = "cancel_runs"
-        return super().change_view(request, object_id, form_url, context)
+    cancel_action = "cancel_runs"
+
+    def may_cancel(self, user: Any, run: EvaluationRun) -> bool:
+        return cancellation.may_cancel(user, run)
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         # Members cancel their own runs; the service decides per run.
@@ -311,13 +292,14 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
                     )
         else:
             form = EvaluationSubmitForm(user=request.user)
-        return _run_form_page(
+        return admin_page(
             self,
             request,
-            form,
-            "Submit an evaluation",
-            "Submit evaluation",
-            "You are the principal; limits come from the workspace's active profile.",
+            RUN_FORM,
+            title="Submit an evaluation",
+            form=form,
+            submit_label="Submit evaluation",
+            intro="You are the principal; limits come from the workspace's active profile.",
         )
 
 
@@ -362,23 +344,10 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
     actions = ("run_again", "cancel_load_runs")
     add_act = access.RUN_LOAD
 
-    def change_view(
-        self,
-        request: HttpRequest,
-        object_id: str,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        """An unfinished load run's page offers a button that runs the cancel action on it."""
-        context = dict(extra_context or {})
-        run = self.get_object(request, unquote(object_id))
-        if (
-            run is not None
-            and not run.finished
-            and load_runs.may_cancel_load_run(request.user, run)
-        ):
-            context["cancel_action"] = "cancel_load_runs"
-        return super().change_view(request, object_id, form_url, context)
+    cancel_action = "cancel_load_runs"
+
+    def may_cancel(self, user: Any, run: LoadRun) -> bool:
+        return load_runs.may_cancel_load_run(user, run)
 
     @admin.display(description="progress")
     def load_progress(self, obj: LoadRun) -> str:
@@ -443,13 +412,14 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
                     )
         else:
             form = LoadRunStartForm(user=request.user)
-        return _run_form_page(
+        return admin_page(
             self,
             request,
-            form,
-            "Start a load run",
-            "Start load run",
-            "The manifest's arrivals are released on virtual time; the record is "
+            RUN_FORM,
+            title="Start a load run",
+            form=form,
+            submit_label="Start load run",
+            intro="The manifest's arrivals are released on virtual time; the record is "
             "digest-bound and shown here when the worker finishes.",
         )
 
@@ -466,6 +436,21 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
                 self.message_user(request, f"Started {run}.", messages.SUCCESS)
 
 
+class PendingDispatchFilter(admin.SimpleListFilter):
+    """Receipts with calls in flight (pending-dispatch slots) or without."""
+
+    title = "calls in flight"
+    parameter_name = "in_flight"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("yes", "some"), ("no", "none")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Receipt]) -> QuerySet[Receipt]:
+        if self.value() in ("yes", "no"):
+            return selectors.receipts_in_flight(queryset, in_flight=self.value() == "yes")
+        return queryset
+
+
 @admin.register(Receipt)
 class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdmin):
     list_display = (
@@ -473,11 +458,10 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         "workspace_id",
         "state",
         "revision",
-        "pending_dispatch",
         "calls_in_flight",
         "updated_at",
     )
-    list_filter = ("state", "pending_dispatch")
+    list_filter = ("state", PendingDispatchFilter)
     search_fields = ("invocation_id",)
     readonly_fields = (
         "workspace_id",
@@ -488,7 +472,6 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
         "ruleset_digest",
         "state",
         "revision",
-        "pending_dispatch",
         "calls_in_flight",
         "created_at",
         "updated_at",
@@ -499,12 +482,12 @@ class ReceiptAdmin(WorkspaceScopedAdminMixin, ReadOnlyAdminMixin, admin.ModelAdm
     def scope(self, queryset: QuerySet[Receipt], request: HttpRequest) -> QuerySet[Receipt]:
         # Receipts name their workspace by key, as the engine does.
         visible = access.workspaces_for(request.user, access.VIEW).values("key")
-        return queryset.filter(workspace_id__in=visible)
+        return selectors.with_pending_dispatches(queryset.filter(workspace_id__in=visible))
 
-    @admin.display(description="calls in flight (most at once)")
+    @admin.display(description="calls in flight (most at once)", ordering="slot_count")
     def calls_in_flight(self, obj: Receipt) -> str:
         most = obj.document.get("maxPendingDispatches")
-        now = len(pending_slots(obj.document))
+        now = obj.pending_dispatches
         return f"{now} ({most})" if most is not None else str(now)
 
     @admin.display(description="receipt document")

@@ -43,53 +43,45 @@ def _charts(series: dict[str, Any], end: datetime) -> list[SvgMarkup]:
         )
 
     x_label = f"{unit}s before the end of the range"
+    # Each line chart: its lines (figure, label), its title and its y axis.
+    lines = (
+        (
+            (
+                ("calls", "calls sent"),
+                ("admitted", "admitted"),
+                ("deferred", "deferred"),
+                ("refused", "refused"),
+            ),
+            f"Calls and admission decisions per {unit}",
+            "per hour",
+        ),
+        ((("tokens", "actual tokens"),), f"Actual tokens per {unit}", "tokens"),
+        ((("cost_usd", "actual cost"),), f"Actual cost per {unit} (USD)", "USD"),
+        (
+            (("mean_queue_delay_ms", "mean queue delay"),),
+            f"Mean queue delay of admitted calls per {unit} (ms)",
+            "ms",
+        ),
+    )
     charts = [
         line_chart(
-            [
-                line("calls", "calls sent"),
-                line("admitted", "admitted"),
-                line("deferred", "deferred"),
-                line("refused", "refused"),
-            ],
-            title=f"Calls and admission decisions per {unit}",
+            [line(name, label) for name, label in figures],
+            title=title,
             x_label=x_label,
-            y_label="per hour",
+            y_label=y_label,
             width=CHART_WIDTH,
-        ),
-        line_chart(
-            [line("tokens", "actual tokens")],
-            title=f"Actual tokens per {unit}",
-            x_label=x_label,
-            y_label="tokens",
-            width=CHART_WIDTH,
-        ),
-        line_chart(
-            [line("cost_usd", "actual cost")],
-            title=f"Actual cost per {unit} (USD)",
-            x_label=x_label,
-            y_label="USD",
-            width=CHART_WIDTH,
-        ),
-        line_chart(
-            [line("mean_queue_delay_ms", "mean queue delay")],
-            title=f"Mean queue delay of admitted calls per {unit} (ms)",
-            x_label=x_label,
-            y_label="ms",
-            width=CHART_WIDTH,
-        ),
-        bar_chart(
-            [Bar(reason, count) for reason, count in series["deferred_by_reason"].items()],
-            title="Deferred by reason",
-            value_label="deferred attempts",
-            width=CHART_WIDTH,
-        ),
-        bar_chart(
-            [Bar(reason, count) for reason, count in series["refused_by_reason"].items()],
-            title="Refused by reason",
-            value_label="refused attempts",
-            width=CHART_WIDTH,
-        ),
+        )
+        for figures, title, y_label in lines
     ]
+    for what in ("deferred", "refused"):
+        charts.append(
+            bar_chart(
+                [Bar(reason, count) for reason, count in series[f"{what}_by_reason"].items()],
+                title=f"{what.capitalize()} by reason",
+                value_label=f"{what} attempts",
+                width=CHART_WIDTH,
+            )
+        )
     return charts
 
 
@@ -109,11 +101,7 @@ def usage_view(request: HttpRequest) -> HttpResponse:
         "provider": request.GET.get("provider", ""),
     }
     try:
-        start, end, preset = usage.usage_range(
-            preset=request.GET.get("range", ""),
-            start=request.GET.get("start", ""),
-            end=request.GET.get("end", ""),
-        )
+        start, end, preset = usage.usage_range_from(request.GET)
     except usage.UsageRangeError as error:
         start, end, preset = usage.usage_range()
         context["range_error"] = f"{error.field}: {error}"

@@ -154,7 +154,7 @@ def line_chart(
     """Lines (or steps) of ``series`` against a shared x axis starting at the data's first x,
     and a y axis from 0 to the largest value, reference or ``y_max``.
 
-    Everything after ``series`` is keyword-only and describes the drawing (titles, reference
+    Its parameters past ``series`` are keyword-only and describe the drawing (titles, reference
     lines, scale, size); drawing the axes, grid, lines and legend together keeps one chart's
     coordinates in one place, which is why it runs long."""
     xs = [x for s in series for x, _ in s.points]

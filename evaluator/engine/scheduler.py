@@ -22,7 +22,7 @@ from admission.core import (
 )
 from evaluator.engine.adapters.base import Adapter
 from evaluator.engine.attempts import TOTAL_DEADLINE, AttemptContext, is_deadline, run_attempt
-from evaluator.engine.deferrals import deferral_log
+from evaluator.engine.deferrals import DeferralLog
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.estimates import EstimateFn, default_estimate
 from evaluator.engine.invocation import DecisionEvaluationRequest
@@ -103,8 +103,12 @@ async def evaluate_decision_ruleset(
     telemetry: EvaluatorTelemetry | None = None,
     estimate: EstimateFn | None = None,
     max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
+    deferrals: DeferralLog | None = None,
 ) -> EvaluationResult:
     """Evaluate every decision of ``request.ruleset`` and return the outcomes in ruleset order.
+
+    The engine's entry point: past the request, its parameters are keyword-only, each an
+    independent part of the deployment (admission, adapters) or an option with a default.
 
     Runs on the running event loop, whose clock must be the registry's (a ``VirtualTimeLoop``
     with ``AdmissionRegistry(clock=loop.clock)`` in tests and the harness). ``adapters`` maps
@@ -115,7 +119,9 @@ async def evaluate_decision_ruleset(
     ``max_prompt_chars`` is never rendered: each of its targets records an unsent
     ``estimate-failed`` attempt with the reason ``prompt-too-large``. Raises
     ``InvalidDefinitionError`` before any call when the request cannot run (unknown adapter,
-    no or conflicting profile, receipt of another ruleset).
+    no or conflicting profile, receipt of another ruleset). With ``deferrals`` (the worker's
+    ``deferral_log()``) each attempt's record names the reasons admission deferred it for
+    (``deferredBy``); hosts that do not read them (the load harness) skip the listening.
     """
     if not isinstance(request, DecisionEvaluationRequest):
         raise InvalidDefinitionError("request", "must be a DecisionEvaluationRequest")
@@ -146,6 +152,7 @@ async def evaluate_decision_ruleset(
         telemetry,
         estimate,
         max_prompt_chars=max_prompt_chars,
+        deferrals=deferrals,
     )
     try:
         return await run.execute()
@@ -222,7 +229,10 @@ class _Run:
         estimate: EstimateFn | None,
         *,
         max_prompt_chars: int = DEFAULT_MAX_PROMPT_CHARS,
+        deferrals: DeferralLog | None = None,
     ) -> None:
+        """Its parameters are `evaluate_decision_ruleset`'s, resolved there (the controller,
+        the ceiling, the opened journal), its only caller: one each, nothing to group."""
         self.request = request
         self.ruleset = request.ruleset
         self.prompt_values = prompt_values(request.input)
@@ -242,8 +252,8 @@ class _Run:
         budget_id = f"{request.invocation_id}/{secrets.token_hex(6)}"
         # A shadow started after the run began sees the runs that begin after it.
         shadow = registry.shadow(request.workspace_id)
-        deferrals = deferral_log()
-        deferrals.listen(registry)
+        if deferrals is not None:
+            deferrals.listen(registry)
         self.ctx = AttemptContext(
             controller=controller,
             adapters=adapters,

@@ -144,6 +144,8 @@ def build_record(
 ) -> dict[str, Any]:
     """A digest-bound record; ``mode`` comes from the path that ran, never from a caller.
 
+    Its parameters are the record's parts, keyword-only, one each (the schema's top-level keys).
+
     A what-if record (``mode`` ``what-if``) also carries ``what_if``: the profile whose limits
     replaced the manifest's, and how the manifest's ids were mapped onto it.
     """

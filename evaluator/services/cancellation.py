@@ -126,8 +126,9 @@ def _cancelled_before_start(run: EvaluationRun) -> tuple[dict[str, Any], list[di
         .first()
     )
     if receipt is not None and receipt.state == RUNNING:
-        # A receipt left by the previous schema is closed as v3, like any resumed run's.
-        document = upgraded_document(receipt.document)
+        # A receipt left by the previous schema is closed as v3, like any resumed run's. The
+        # row lock (FOR UPDATE) keeps slot writes out until the receipt is closed.
+        document = upgraded_document(receipt.full_document())
         entries = [dict(entry) for entry in document["decisions"]]
         for slot in pending_slots(document):
             # Every call that may have gone out stays what it is: sent, outcome unknown.
@@ -138,9 +139,8 @@ def _cancelled_before_start(run: EvaluationRun) -> tuple[dict[str, Any], list[di
             if entry["status"] is None:
                 entry["status"] = CANCELLED
         receipt.document = {
-            **document,
+            **{name: value for name, value in document.items() if name != "pendingDispatches"},
             "decisions": entries,
-            "pendingDispatches": [],
             "state": CANCELLED,
             "revision": document["revision"] + 1,
             "updatedAtEpochMs": server_clock.now().timestamp() * 1000,
@@ -148,8 +148,8 @@ def _cancelled_before_start(run: EvaluationRun) -> tuple[dict[str, Any], list[di
         receipt.schema = document["schema"]
         receipt.state = CANCELLED
         receipt.revision = receipt.document["revision"]
-        receipt.pending_dispatch = False
         receipt.save()
+        receipt.slots.all().delete()
     else:
         entries = [
             {"decisionId": decision_id, "status": CANCELLED, "output": None, "attempts": []}

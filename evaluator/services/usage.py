@@ -21,7 +21,7 @@ import json
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -555,3 +555,13 @@ def usage_range(
     if chosen not in RANGES:
         raise UsageRangeError("range", f"must be one of {', '.join(RANGES)}, got {chosen[:20]!r}")
     return current - RANGES[chosen], current, chosen
+
+
+def usage_range_from(query: Mapping[str, Any]) -> tuple[datetime, datetime, str]:
+    """`usage_range` of a request's query parameters (`range`, `start`, `end`), as the admin's
+    page and the API read them."""
+    return usage_range(
+        preset=str(query.get("range") or ""),
+        start=str(query.get("start") or ""),
+        end=str(query.get("end") or ""),
+    )

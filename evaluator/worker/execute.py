@@ -23,6 +23,7 @@ from admission.core import AdmissionRegistry
 from admission.rollout.plan import RunPlan
 from admission.services import rollout
 from evaluator.deployment import AdapterConfigError, build_adapters
+from evaluator.engine.deferrals import deferral_log
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.invocation import DecisionEvaluationRequest
 from evaluator.engine.outcomes import EXECUTION_UNCERTAIN, EvaluationResult
@@ -143,6 +144,8 @@ async def evaluate(
                 receipt_store=store,
                 telemetry=_telemetry_source(),
                 max_prompt_chars=settings.SLUICE_MAX_PROMPT_CHARS,
+                # Usage counts deferrals by reason: each attempt's record names them.
+                deferrals=deferral_log(),
             )
     finally:
         for adapter in adapters.values():

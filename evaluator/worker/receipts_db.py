@@ -5,21 +5,37 @@ executor, so a ``VirtualTimeLoop`` holds virtual time still while the database w
 calls run in asgiref's one thread-sensitive thread; a worker running many evaluations at once
 passes a thread pool of its own, so their writes do not queue behind each other. Either way a
 connection the server dropped is closed when a call fails, and the next call reconnects.
+
+Slots are ``ReceiptSlot`` rows. On PostgreSQL a slot write is one statement in autocommit: an
+``INSERT ... SELECT`` that finds the receipt row under its claim and state and locks it ``FOR KEY
+SHARE``. That lock does not conflict with a document write (an ``UPDATE`` of non-key columns), so
+a slot never waits for the document write in flight; it does conflict with the ``FOR UPDATE`` a
+claim takes, so a run the receipt was taken from adds no slot once the claim is under way, and the
+claim sees every slot added before it. Other databases (SQLite serialises every write anyway)
+check and insert in one transaction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
+from django.db.models import Q
 
 from evaluator.engine.errors import ReceiptConflictError
-from evaluator.engine.receipts import RUNNING, ReceiptKey, pending_slots
-from evaluator.models import Receipt
+from evaluator.engine.receipts import (
+    RUNNING,
+    ReceiptKey,
+    SlotKey,
+    slot_key,
+    split_slots,
+)
+from evaluator.models import Receipt, ReceiptSlot
 from evaluator.services import server_clock
 
 __all__ = ["DatabaseReceiptStore", "in_database_thread"]
@@ -65,12 +81,29 @@ class DatabaseReceiptStore:
         """See ``ReceiptStore.create``."""
         await in_database_thread(self._create, self._executor)(key, dict(document))
 
+    async def claim(self, key: ReceiptKey) -> tuple[dict[str, Any], int]:
+        """See ``ReceiptStore.claim``."""
+        return await in_database_thread(self._claim, self._executor)(key)
+
+    async def add_slots(
+        self, key: ReceiptKey, slots: Sequence[Mapping[str, Any]], *, claim: int
+    ) -> None:
+        """See ``ReceiptStore.add_slots``."""
+        await in_database_thread(self._add_slots, self._executor)(
+            key, [dict(slot) for slot in slots], claim
+        )
+
     async def update(
-        self, key: ReceiptKey, document: Mapping[str, Any], *, expected_revision: int
+        self,
+        key: ReceiptKey,
+        document: Mapping[str, Any],
+        *,
+        expected_revision: int,
+        settled: Sequence[SlotKey] = (),
     ) -> None:
         """See ``ReceiptStore.update``."""
         await in_database_thread(self._update, self._executor)(
-            key, dict(document), expected_revision
+            key, dict(document), expected_revision, list(settled)
         )
 
     async def aclose(self) -> None:
@@ -80,23 +113,24 @@ class DatabaseReceiptStore:
             await sync_to_async(connections.close_all, thread_sensitive=True)()
 
     @staticmethod
-    def _load(key: ReceiptKey) -> dict[str, Any] | None:
-        row = (
-            Receipt.objects.filter(
-                workspace_id=key.workspace_id,
-                invocation_id=key.invocation_id,
-                principal_id=key.principal_id,
-            )
-            .only("document")
-            .first()
+    def _receipt(key: ReceiptKey) -> Any:
+        return Receipt.objects.filter(
+            workspace_id=key.workspace_id,
+            invocation_id=key.invocation_id,
+            principal_id=key.principal_id,
         )
-        return row.document if row is not None else None
+
+    @classmethod
+    def _load(cls, key: ReceiptKey) -> dict[str, Any] | None:
+        row = cls._receipt(key).only("document").first()
+        return row.full_document() if row is not None else None
 
     @staticmethod
     def _create(key: ReceiptKey, document: dict[str, Any]) -> None:
+        body, slots = split_slots(document)
         try:
             with transaction.atomic():
-                Receipt.objects.create(
+                receipt = Receipt.objects.create(
                     workspace_id=key.workspace_id,
                     principal_id=key.principal_id,
                     invocation_id=key.invocation_id,
@@ -105,27 +139,114 @@ class DatabaseReceiptStore:
                     ruleset_digest=document["rulesetDigest"],
                     state=document["state"],
                     revision=document["revision"],
-                    pending_dispatch=bool(pending_slots(document)),
-                    document=document,
+                    document=body,
                 )
+                ReceiptSlot.objects.bulk_create(_rows(receipt.pk, slots.values()))
         except IntegrityError:
             raise ReceiptConflictError(key.invocation_id, 0) from None
 
-    @staticmethod
-    def _update(key: ReceiptKey, document: dict[str, Any], expected_revision: int) -> None:
-        updated = Receipt.objects.filter(
-            workspace_id=key.workspace_id,
-            invocation_id=key.invocation_id,
-            principal_id=key.principal_id,
-            revision=expected_revision,
-            state=RUNNING,
-        ).update(
-            schema=document["schema"],
-            state=document["state"],
-            revision=document["revision"],
-            pending_dispatch=bool(pending_slots(document)),
-            document=document,
-            updated_at=server_clock.now(),
+    @classmethod
+    def _claim(cls, key: ReceiptKey) -> tuple[dict[str, Any], int]:
+        with transaction.atomic():
+            # FOR UPDATE: waits for slot writes under way and keeps new ones out until the new
+            # claim is committed; they then find the claim changed and add nothing.
+            row = cls._receipt(key).select_for_update().filter(state=RUNNING).first()
+            if row is None:
+                raise ReceiptConflictError(key.invocation_id, 0)
+            row.claim += 1
+            Receipt.objects.filter(pk=row.pk).update(claim=row.claim)
+            return row.full_document(), row.claim
+
+    @classmethod
+    def _add_slots(cls, key: ReceiptKey, slots: list[dict[str, Any]], claim: int) -> None:
+        connection = connections["default"]
+        if connection.vendor != "postgresql":
+            cls._add_slots_in_transaction(key, slots, claim)
+            return
+        values = ", ".join(["(%s, %s, %s, %s::jsonb)"] * len(slots))
+        params: list[Any] = []
+        for slot in slots:
+            params.extend([*slot_key(slot), json.dumps(slot)])
+        slot_table = ReceiptSlot._meta.db_table
+        receipt_table = Receipt._meta.db_table
+        sql = (
+            f"INSERT INTO {slot_table} (receipt_id, decision_index, target_index, number, slot) "
+            f"SELECT r.id, v.d, v.t, v.n, v.s FROM {receipt_table} r, "
+            f"(VALUES {values}) AS v (d, t, n, s) "
+            "WHERE r.workspace_id = %s AND r.invocation_id = %s AND r.principal_id = %s "
+            "AND r.claim = %s AND r.state = %s FOR KEY SHARE OF r"
         )
-        if updated != 1:
-            raise ReceiptConflictError(key.invocation_id, expected_revision)
+        params.extend([key.workspace_id, key.invocation_id, key.principal_id, claim, RUNNING])
+        try:
+            # Autocommit: the statement is its own transaction, one round trip.
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                added = cursor.rowcount
+        except IntegrityError:
+            raise ReceiptConflictError(key.invocation_id, 0) from None
+        if added != len(slots):
+            raise ReceiptConflictError(key.invocation_id, 0)
+
+    @classmethod
+    def _add_slots_in_transaction(
+        cls, key: ReceiptKey, slots: list[dict[str, Any]], claim: int
+    ) -> None:
+        try:
+            with transaction.atomic():
+                receipt = (
+                    cls._receipt(key)
+                    .filter(claim=claim, state=RUNNING)
+                    .values_list("pk", flat=True)
+                    .first()
+                )
+                if receipt is None:
+                    raise ReceiptConflictError(key.invocation_id, 0)
+                ReceiptSlot.objects.bulk_create(_rows(receipt, slots))
+        except IntegrityError:
+            raise ReceiptConflictError(key.invocation_id, 0) from None
+
+    @classmethod
+    def _update(
+        cls,
+        key: ReceiptKey,
+        document: dict[str, Any],
+        expected_revision: int,
+        settled: list[SlotKey],
+    ) -> None:
+        body, _ = split_slots(document)
+        with transaction.atomic():
+            updated = (
+                cls._receipt(key)
+                .filter(revision=expected_revision, state=RUNNING)
+                .update(
+                    schema=document["schema"],
+                    state=document["state"],
+                    revision=document["revision"],
+                    document=body,
+                    updated_at=server_clock.now(),
+                )
+            )
+            if updated != 1:
+                raise ReceiptConflictError(key.invocation_id, expected_revision)
+            if settled:
+                settles = Q()
+                for decision, target, number in settled:
+                    settles |= Q(decision_index=decision, target_index=target, number=number)
+                ReceiptSlot.objects.filter(
+                    settles,
+                    receipt__workspace_id=key.workspace_id,
+                    receipt__invocation_id=key.invocation_id,
+                ).delete()
+
+
+def _rows(receipt_id: int, slots: Any) -> list[ReceiptSlot]:
+    return [
+        ReceiptSlot(
+            receipt_id=receipt_id,
+            decision_index=slot["decisionIndex"],
+            target_index=slot["targetIndex"],
+            number=slot["number"],
+            slot=slot,
+        )
+        for slot in slots
+    ]

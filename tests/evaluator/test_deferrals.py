@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from evaluator.engine.adapters import FakeAdapter, FakeStep
+from evaluator.engine.deferrals import DeferralLog
 from evaluator.engine.estimates import default_estimate
 from evaluator.engine.outcomes import AttemptRecord
 from evaluator.engine.scheduler import evaluate_decision_ruleset
@@ -30,6 +31,7 @@ def test_attempts_record_the_reasons_they_were_deferred_for():
             },
         )
         registry = registry_with(loop, prof)
+        log = DeferralLog()
         fake = FakeAdapter(default=FakeStep(latency_ms=50))
         scheduler = {"enabled": True, "bindingConcurrency": 2}
         runs = [
@@ -37,11 +39,13 @@ def test_attempts_record_the_reasons_they_were_deferred_for():
                 request(ruleset_doc(4), scheduler=scheduler),
                 registry=registry,
                 adapters={"fake": fake},
+                deferrals=log,
             ),
             evaluate_decision_ruleset(
                 request(ruleset_doc(4), principal_id=OTHER, scheduler=scheduler),
                 registry=registry,
                 adapters={"fake": fake},
+                deferrals=log,
             ),
         ]
         return await asyncio.gather(*runs)
@@ -68,6 +72,7 @@ def test_a_token_bucket_deferral_is_named_and_an_undeferred_run_names_none():
     async def main(loop):
         prof = profile(providers={"fake": {"concurrency": 64, "tokensPerSecond": 2000}})
         registry = registry_with(loop, prof)
+        log = DeferralLog()
         fake = FakeAdapter(default=FakeStep(latency_ms=5))
         scheduler = {"enabled": True, "bindingConcurrency": 8}
 
@@ -82,11 +87,13 @@ def test_a_token_bucket_deferral_is_named_and_an_undeferred_run_names_none():
             registry=registry,
             adapters={"fake": fake},
             estimate=estimate,
+            deferrals=log,
         )
         calm = await evaluate_decision_ruleset(
             request(ruleset_doc(2)),
             registry=registry_with(loop, profile()),
             adapters={"fake": fake},
+            deferrals=log,
         )
         return deferred, calm
 
@@ -95,3 +102,25 @@ def test_a_token_bucket_deferral_is_named_and_an_undeferred_run_names_none():
     assert sum(a.evidence["queueDelayMs"] > 0 for a in records) == 2
     assert {a.deferred_by for a in records} == {None, ("tokens-per-second",)}
     assert all(a.deferred_by is None for a in attempts([calm]))
+
+
+def test_a_host_that_does_not_ask_records_no_reasons():
+    async def main(loop):
+        prof = profile(providers={"fake": {"concurrency": 64, "tokensPerSecond": 2000}})
+        fake = FakeAdapter(default=FakeStep(latency_ms=5))
+
+        def estimate(decision, target, prompt):
+            found = default_estimate(decision, target, prompt)
+            found.tokens = 1500
+            return found
+
+        return await evaluate_decision_ruleset(
+            request(ruleset_doc(3), scheduler={"enabled": True, "bindingConcurrency": 8}),
+            registry=registry_with(loop, prof),
+            adapters={"fake": fake},
+            estimate=estimate,
+        )
+
+    records = attempts([run_virtual(main)])
+    assert sum(a.evidence["queueDelayMs"] > 0 for a in records) == 2
+    assert all(a.deferred_by is None for a in records)

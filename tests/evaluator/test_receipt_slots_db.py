@@ -1,5 +1,6 @@
 """CNC-RECEIPT-V3 on PostgreSQL: many slots of one run written at once are all kept, a second
-writer of the same run overwrites nothing, and one run's writes never wait for another's."""
+writer of the same run overwrites nothing, a slot never waits for its run's document write in
+flight, and one run's writes never wait for another's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from admission.core import SystemClock
 from evaluator.engine.errors import ReceiptConflictError
 from evaluator.engine.outcomes import SUCCEEDED, AttemptRecord, DecisionOutcome
 from evaluator.engine.receipts import ReceiptJournal, ReceiptKey
-from evaluator.models import Receipt
+from evaluator.models import Receipt, ReceiptSlot
+from evaluator.services import server_clock
 from evaluator.worker.receipts_db import DatabaseReceiptStore
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -49,7 +51,36 @@ async def open_journal(store, invocation_id: str, decisions: int) -> ReceiptJour
 
 
 def stored(invocation_id: str) -> dict:
-    return Receipt.objects.get(workspace_id="ws-pg", invocation_id=invocation_id).document
+    try:
+        return Receipt.objects.get(
+            workspace_id="ws-pg", invocation_id=invocation_id
+        ).full_document()
+    finally:
+        connections.close_all()
+
+
+class CountingStore:
+    """Passes everything through to the database store and counts slot writes."""
+
+    def __init__(self, inner: DatabaseReceiptStore) -> None:
+        self.inner = inner
+        self.slot_writes = 0
+
+    async def load(self, key):
+        return await self.inner.load(key)
+
+    async def create(self, key, document):
+        await self.inner.create(key, document)
+
+    async def claim(self, key):
+        return await self.inner.claim(key)
+
+    async def add_slots(self, key, slots, *, claim):
+        await self.inner.add_slots(key, slots, claim=claim)
+        self.slot_writes += 1
+
+    async def update(self, key, document, *, expected_revision, settled=()):
+        await self.inner.update(key, document, expected_revision=expected_revision, settled=settled)
 
 
 @pytest.fixture
@@ -71,7 +102,7 @@ def pool():
 
 
 def test_CNC_RECEIPT_V3_007_sixty_four_slots_of_one_run_filled_at_once_are_all_kept(pool):
-    store = DatabaseReceiptStore(pool)
+    store = CountingStore(DatabaseReceiptStore(pool))
     rng = random.Random(7)
 
     async def dispatch(journal: ReceiptJournal, index: int) -> None:
@@ -95,17 +126,18 @@ def test_CNC_RECEIPT_V3_007_sixty_four_slots_of_one_run_filled_at_once_are_all_k
         return filled, await asyncio.to_thread(stored, "inv-stress")
 
     filled, done = asyncio.run(main())
+    # Fewer slot writes than slots: slots marked together went in one write.
+    assert store.slot_writes < SLOTS
     assert sorted(slot["decisionIndex"] for slot in filled["pendingDispatches"]) == list(
         range(SLOTS)
     )
-    assert filled["maxPendingDispatches"] == SLOTS
-    # Fewer writes than slots: slots that came while a write was in flight went together.
-    assert filled["revision"] - 1 < SLOTS
+    assert done["maxPendingDispatches"] == SLOTS
     assert done["pendingDispatches"] == [] and done["state"] == "completed"
     assert [entry["status"] for entry in done["decisions"]] == [SUCCEEDED] * SLOTS
     assert all(len(entry["attempts"]) == 1 for entry in done["decisions"])
     row = Receipt.objects.get(workspace_id="ws-pg", invocation_id="inv-stress")
-    assert row.pending_dispatch is False and row.revision == done["revision"]
+    assert row.pending_dispatches == 0 and row.revision == done["revision"]
+    assert not ReceiptSlot.objects.filter(receipt=row).exists()
 
 
 def test_a_second_writer_of_the_same_run_overwrites_no_slot(pool):
@@ -169,3 +201,54 @@ def test_one_runs_writes_never_wait_for_another_runs(pool):
     assert a_waiting, "run A's write should have waited for its own row's lock"
     assert document_b["state"] == "completed" and document_b["pendingDispatches"] == []
     assert all(len(entry["attempts"]) == 1 for entry in document_b["decisions"])
+
+
+def test_a_slot_never_waits_for_its_runs_document_write_in_flight(pool):
+    """While a document write of the run holds its row (an update not yet committed), the run's
+    next slots become durable; the document write behind it waits, and loses nothing."""
+    store = DatabaseReceiptStore(pool)
+    locked = threading.Event()
+    release = threading.Event()
+
+    def document_write_in_flight() -> None:
+        # What a document write holds until it commits: the row, locked by an UPDATE.
+        try:
+            with transaction.atomic():
+                Receipt.objects.filter(workspace_id="ws-pg", invocation_id="inv-flight").update(
+                    updated_at=server_clock.now()
+                )
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    async def main():
+        journal = await open_journal(store, "inv-flight", 8)
+        await journal.mark_dispatch(0, attempt(0))
+        holder = threading.Thread(target=document_write_in_flight)
+        holder.start()
+        await asyncio.to_thread(locked.wait, 10)
+        record = attempt(0, outcome=SUCCEEDED)
+        await journal.record_attempt(
+            0, record, outcome=DecisionOutcome("d0", SUCCEEDED, "yes", (record,))
+        )
+        # The record's write starts and waits for the row.
+        blocked = asyncio.ensure_future(journal.settle())
+        try:
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(journal.mark_dispatch(i, attempt(i)) for i in range(1, 8)))
+            during = await asyncio.to_thread(stored, "inv-flight")
+            document_waiting = not blocked.done()
+        finally:
+            release.set()
+            await asyncio.to_thread(holder.join, 10)
+        await blocked
+        return during, document_waiting, await asyncio.to_thread(stored, "inv-flight")
+
+    during, document_waiting, after = asyncio.run(main())
+    assert document_waiting, "the document write should have waited for the row"
+    # All eight slots were durable while the document write waited (d0's not yet settled).
+    assert sorted(slot["decisionIndex"] for slot in during["pendingDispatches"]) == list(range(8))
+    # Then the record landed with d0's slot removed, and no other slot was lost.
+    assert sorted(slot["decisionIndex"] for slot in after["pendingDispatches"]) == list(range(1, 8))
+    assert after["decisions"][0]["status"] == SUCCEEDED

@@ -42,12 +42,19 @@ class CrashAfterDispatch:
     async def create(self, key, document):
         await self.inner.create(key, document)
 
-    async def update(self, key, document, *, expected_revision):
+    async def claim(self, key):
+        return await self.inner.claim(key)
+
+    async def add_slots(self, key, slots, *, claim):
         if self.armed:
             raise SimulatedCrash
-        await self.inner.update(key, document, expected_revision=expected_revision)
-        if document["pendingDispatches"]:
-            self.armed = True
+        await self.inner.add_slots(key, slots, claim=claim)
+        self.armed = True
+
+    async def update(self, key, document, *, expected_revision, settled=()):
+        if self.armed:
+            raise SimulatedCrash
+        await self.inner.update(key, document, expected_revision=expected_revision, settled=settled)
 
 
 @pytest.fixture(

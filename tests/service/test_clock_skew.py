@@ -2,9 +2,11 @@
 
 Two worker processes run with their wall clocks moved by libfaketime (Debian's `faketime`
 package, through LD_PRELOAD): one 45 s ahead, one 45 s behind, both beside a loopback
-OpenAI-compatible provider that counts the calls in flight. Heartbeats, claims and the sweepers'
-staleness test all use the database's time, so neither worker's runs look dead to the other:
-nothing is swept, nothing is delivered twice, the provider never sees more than its ceiling.
+OpenAI-compatible provider that counts the calls in flight, and a web process 45 s behind.
+Heartbeats, claims, the sweepers' staleness test and the runs' creation times all use the
+database's time, so neither worker's runs look dead to the other: nothing is swept, nothing is
+delivered twice, the provider never sees more than its ceiling, and every time a run shows is
+the real one.
 A worker that really dies (SIGKILL, on what looks like another host, so only its heartbeat can
 tell) still has its runs taken back within the stale window.
 """
@@ -96,7 +98,8 @@ def test_workers_45_s_ahead_and_behind_are_judged_by_the_database_clock(deployme
             **admission_redis_env(deployment),
         }
         deployment.django(ACTIVATE)
-        deployment.start_web(env)
+        # The web process's clock is off too: the runs it creates are stamped by the database.
+        deployment.start_web({**env, **_faketime("-45s")})
         ahead = deployment.start_worker({**env, **_faketime("+45s"), "SLUICE_WORKER_SLOTS": "2"})
         behind = deployment.start_worker({**env, **_faketime("-45s"), "SLUICE_WORKER_SLOTS": "2"})
         workers = dict(_sql(deployment, "SELECT pid, id FROM evaluator_workerprocess"))
@@ -118,11 +121,17 @@ def test_workers_45_s_ahead_and_behind_are_judged_by_the_database_clock(deployme
         assert provider.max_in_flight <= CONCURRENCY
         prompts = [r["body"]["messages"][-1]["content"] for r in provider.requests]
         assert len(prompts) == len(set(prompts)) == 36, "a decision reached the provider twice"
-        # The times a run shows are the database's, not a skewed worker's.
+        # The times a run shows are the database's, not a skewed web process's or worker's.
+        ended = datetime.now(UTC)
         for run in finished:
-            for name in ("startedAt", "finishedAt"):
-                shown = datetime.fromisoformat(run[name].replace("Z", "+00:00"))
-                assert abs((shown - started).total_seconds()) < 60, (name, run[name])
+            shown = [
+                datetime.fromisoformat(run[name].replace("Z", "+00:00"))
+                for name in ("createdAt", "startedAt", "finishedAt")
+            ]
+            assert shown == sorted(shown), run
+            for moment in shown:
+                assert (moment - started).total_seconds() >= -2, run
+                assert (moment - ended).total_seconds() <= 2, run
 
         # A worker that really dies: its runs are taken back within the stale window.
         provider.default = Reply(content="yes", delay=1.0)

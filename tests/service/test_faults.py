@@ -25,7 +25,7 @@ import json
 from evaluator.models import EvaluationRun, Receipt
 run = EvaluationRun.objects.get(pk="{run_id}")
 receipt = Receipt.objects.get(workspace_id="demo", invocation_id=run.invocation_id)
-print(json.dumps({{"state": receipt.state, "pending": receipt.pending_dispatch}}))
+print(json.dumps({{"state": receipt.state, "pending": receipt.pending_dispatches}}))
 """
 
 
@@ -49,7 +49,7 @@ def _assert_resumed_truthfully(deployment, run):
     assert calls == {"check-1": 1, "check-2": 1, "check-3": 1, "check-4": 1}
     assert len({call["pid"] for call in deployment.adapter_calls()}) == 2
     receipt = json.loads(deployment.django(RECEIPT.format(run_id=run["id"])).splitlines()[-1])
-    assert receipt == {"state": "completed", "pending": False}
+    assert receipt == {"state": "completed", "pending": 0}
 
 
 def _submit_and_wait_for_second_dispatch(deployment):

@@ -5,12 +5,15 @@ series carries an id."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
 from prometheus_client.parser import text_string_to_metric_families
 
 from console.forms.runs import example_request
+from tests.evaluator.loopback import LoopbackServer, Reply
 
 from .conftest import wait_for
 
@@ -98,3 +101,72 @@ def test_embedded_admission_is_live_in_metrics_and_on_the_page(deployment, chrom
             expect(charts.nth(2)).to_contain_text("admitted: admitted")
         finally:
             browser.close()
+
+
+CANARY = """
+from django.contrib.auth import get_user_model
+from admission.services import profiles as services
+from admission.models import Workspace
+from config.demo import demo_profile
+users = get_user_model().objects
+proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+# The canary admits one call at a time in the whole workspace; the active version four.
+document = demo_profile("demo-canary", concurrency=1)
+made = services.profile_version_propose(
+    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
+)
+checklist = {key: True for key, _ in services.RUNBOOK_CHECKLIST}
+services.profile_version_approve(version=made, approver=approver, checklist=checklist)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["embedded"])
+def test_a_canarys_decisions_are_in_the_embedded_live_figures(deployment):
+    """Both demo users' runs go to a canary that admits one call at a time: the second run's
+    calls wait on the canary's limit (the active version's four permits never make them wait),
+    and those deferrals are in /metrics beside the admissions, each attempt admitted once."""
+    env = {"SLUICE_METRICS_TOKEN": TOKEN, "SLUICE_ADMISSION_SNAPSHOT_SECONDS": "0.5"}
+    with LoopbackServer() as provider:
+        provider.default = Reply(content="yes", total_tokens=12, delay=0.3)
+        env["SLUICE_ADAPTERS"] = json.dumps(
+            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
+        )
+        assert deployment.django(CANARY).strip().endswith("ok")
+        deployment.start_web(env)
+        started = deployment.api(
+            "POST",
+            "/api/workspaces/demo/canary/",
+            json={"version": "demo-canary", "principals": ["demo-proposer", "demo-approver"]},
+        )
+        assert started.status_code == 201, started.text
+        deployment.start_worker(env)
+        runs = [
+            deployment.submit(example_request(4))["id"],
+            deployment.submit(example_request(4), user="demo-approver")["id"],
+        ]
+        finished = [deployment.wait_run(run_id) for run_id in runs]
+    waited = 0
+    for run in finished:
+        assert run["status"] == "completed" and run["profileVersion"] == "demo-canary", run
+        waited += sum("concurrency" in (a.get("deferredBy") or []) for a in run["attempts"])
+    assert waited > 0, "the canary's one permit made some calls wait"
+
+    found: dict = {}
+
+    def published() -> bool:
+        nonlocal found
+        found = samples(deployment)
+        deferred = total(
+            found, "sluice_admission_decisions_total", decision="defer", reason="concurrency"
+        )
+        return deferred >= waited
+
+    wait_for(published, 30, "the canary's deferrals in /metrics")
+    admitted = total(found, "sluice_admission_decisions_total", provider="fake", decision="admit")
+    # Every attempt counted once, though a canary attempt is admitted on both sides.
+    assert admitted == 8
+    assert total(found, "sluice_admission_decisions_total", decision="reject") == 0
+    for _, pairs in found:
+        for _, value in pairs:
+            assert "demo-" not in value, value

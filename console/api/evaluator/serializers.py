@@ -35,7 +35,8 @@ class EvaluationSubmitSerializer(serializers.Serializer):
     )
 
 
-# The lifecycle fields every `WorkerRun` shares; no docstring, as the schema would inherit it.
+# The lifecycle and cancel fields every `WorkerRun` shares; no docstring, as the schema would
+# inherit it.
 class WorkerRunSerializer(serializers.ModelSerializer):
     workspaceId = serializers.CharField(source="workspace.key", read_only=True)
     taskId = serializers.CharField(source="task_id", read_only=True)
@@ -43,6 +44,18 @@ class WorkerRunSerializer(serializers.ModelSerializer):
     startedAt = serializers.DateTimeField(source="started_at", read_only=True, allow_null=True)
     finishedAt = serializers.DateTimeField(source="finished_at", read_only=True, allow_null=True)
     error = RunErrorSerializer(read_only=True, allow_null=True)
+    cancelRequestedAt = serializers.DateTimeField(
+        source="cancel_requested_at",
+        read_only=True,
+        allow_null=True,
+        help_text="When somebody asked to cancel the run (null if nobody did).",
+    )
+    cancelRequestedBy = serializers.CharField(
+        source="cancel_requested_by.username",
+        read_only=True,
+        allow_null=True,
+        help_text="Who asked to cancel the run.",
+    )
 
 
 class EvaluationRunSummarySerializer(WorkerRunSerializer):
@@ -57,18 +70,6 @@ class EvaluationRunSummarySerializer(WorkerRunSerializer):
     # Plain strings: drf-spectacular would otherwise merge every `status` enum into one name.
     status = serializers.CharField(
         read_only=True, help_text="queued, running, " + ", ".join(sorted(EvaluationRun.TERMINAL))
-    )
-    cancelRequestedAt = serializers.DateTimeField(
-        source="cancel_requested_at",
-        read_only=True,
-        allow_null=True,
-        help_text="When somebody asked to cancel the run (null if nobody did).",
-    )
-    cancelRequestedBy = serializers.CharField(
-        source="cancel_requested_by.username",
-        read_only=True,
-        allow_null=True,
-        help_text="Who asked to cancel the run.",
     )
 
     class Meta:
@@ -257,18 +258,6 @@ class LoadRunSerializer(WorkerRunSerializer):
         read_only=True,
         allow_null=True,
         help_text="How far the harness got while it runs, 0 to 1 (null while queued).",
-    )
-    cancelRequestedAt = serializers.DateTimeField(
-        source="cancel_requested_at",
-        read_only=True,
-        allow_null=True,
-        help_text="When somebody asked to cancel the run (null if nobody did).",
-    )
-    cancelRequestedBy = serializers.CharField(
-        source="cancel_requested_by.username",
-        read_only=True,
-        allow_null=True,
-        help_text="Who asked to cancel the run.",
     )
     whatIfVersion = serializers.CharField(
         source="what_if_version.profile_version",

@@ -70,11 +70,7 @@ class _UsageRange(WorkspaceScopedMixin, generics.GenericAPIView):
 
     def rows(self, request: Request, *, hourly: bool = False) -> tuple[Any, Any, Any]:
         try:
-            start, end, _ = usage.usage_range(
-                preset=request.query_params.get("range", ""),
-                start=request.query_params.get("start", ""),
-                end=request.query_params.get("end", ""),
-            )
+            start, end, _ = usage.usage_range_from(request.query_params)
         except usage.UsageRangeError as error:
             raise ValidationError({error.field: [str(error)]}) from error
         select = usage.usage_hours if hourly else usage.usage_rows

@@ -6,6 +6,7 @@ which the caller must belong to; writes go through `evaluator.services.runs`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import django_filters
@@ -33,7 +34,7 @@ from console.api.evaluator.serializers import (
 from console.api.pagination import CheckedCursorPagination
 from console.api.parsers import BoundedJSONParser
 from evaluator import selectors
-from evaluator.models import EvaluationRun, LoadRun
+from evaluator.models import EvaluationRun, LoadRun, WorkerRun
 from evaluator.services import cancellation, load_runs
 from evaluator.services import runs as services
 
@@ -140,6 +141,25 @@ class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         return Response(self.get_serializer(run).data)
 
 
+class RunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
+    """Cancel a queued or running run of one kind: 200 with the run cancelled when it was
+    queued, 202 with the cancel requested while its worker stops it. Each kind names how a run
+    of the workspace is found and the service that cancels it."""
+
+    filter_backends: list[Any] = []
+    kind = "run"
+    find: Callable[..., WorkerRun | None]
+    cancel: Callable[[Any, Any], WorkerRun]
+
+    def post(self, request: Request, workspace_key: str, run_id: str) -> Response:
+        run = self.find(workspace=self.get_workspace(), run_id=run_id)
+        if run is None:
+            raise NotFound(f"No such {self.kind}.")
+        run = self.cancel(run, request.user)
+        code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
+        return Response(self.get_serializer(run).data, status=code)
+
+
 @extend_schema(
     tags=["evaluations"],
     parameters=[WORKSPACE_KEY, RUN_ID],
@@ -161,20 +181,14 @@ class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         409: OpenApiResponse(ErrorSerializer, description="`run-finished`: the run already ended."),
     },
 )
-class EvaluationRunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
+class EvaluationRunCancelView(RunCancelView):
     """Cancel a queued or running evaluation run."""
 
     serializer_class = EvaluationRunSerializer
-    filter_backends: list[Any] = []
     write_act = access.EVALUATE
-
-    def post(self, request: Request, workspace_key: str, run_id: str) -> Response:
-        run = selectors.evaluation_run_get(workspace=self.get_workspace(), run_id=run_id)
-        if run is None:
-            raise NotFound("No such evaluation run.")
-        run = cancellation.evaluation_run_cancel(run, request.user)
-        code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
-        return Response(self.get_serializer(run).data, status=code)
+    kind = "evaluation run"
+    find = staticmethod(selectors.evaluation_run_get)
+    cancel = staticmethod(cancellation.evaluation_run_cancel)
 
 
 @extend_schema(tags=["load runs"], parameters=[WORKSPACE_KEY])
@@ -269,21 +283,15 @@ class LoadRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         409: OpenApiResponse(ErrorSerializer, description="`run-finished`: the run already ended."),
     },
 )
-class LoadRunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
+class LoadRunCancelView(RunCancelView):
     """Cancel a queued or running load run (what-if runs included)."""
 
     serializer_class = LoadRunSerializer
-    filter_backends: list[Any] = []
     # Proposers cancel their own what-if runs; the service decides per run.
     write_act = access.PROPOSE
-
-    def post(self, request: Request, workspace_key: str, run_id: str) -> Response:
-        run = selectors.load_run_get(workspace=self.get_workspace(), run_id=run_id)
-        if run is None:
-            raise NotFound("No such load run.")
-        run = load_runs.load_run_cancel(run, request.user)
-        code = status.HTTP_200_OK if run.finished else status.HTTP_202_ACCEPTED
-        return Response(self.get_serializer(run).data, status=code)
+    kind = "load run"
+    find = staticmethod(selectors.load_run_get)
+    cancel = staticmethod(load_runs.load_run_cancel)
 
 
 PROFILE_VERSION = OpenApiParameter(

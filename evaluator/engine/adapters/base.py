@@ -69,6 +69,9 @@ class AdapterError(Exception):
     provider; ``uncertain`` errors always have ``sent`` true. ``provider_failure`` is what the
     admission breaker should learn: ``True`` a failure, ``False`` a healthy provider, ``None``
     no signal (timeouts, throttling). ``retry_after_ms`` is the provider's pause request.
+
+    Its parameters are its fields, keyword-only past ``kind``, so every raise names each
+    classification it makes.
     """
 
     def __init__(

@@ -68,7 +68,6 @@ def test_a_running_runs_page_shows_its_progress_and_cancels_it_with_one_button(
         ruleset_digest=running.ruleset_digest,
         state="running",
         revision=document["revision"],
-        pending_dispatch=True,
         document=document,
     )
     with signed_in(chromium_path, live_server.url) as page:

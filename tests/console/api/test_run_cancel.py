@@ -17,7 +17,7 @@ from admission.models import Workspace
 from admission.runtime import registry as runtime
 from config.demo import demo_setup
 from console.forms.runs import example_request
-from evaluator.models import EvaluationRun, Receipt
+from evaluator.models import EvaluationRun, Receipt, ReceiptSlot
 from evaluator.services import runs as services
 
 pytestmark = pytest.mark.django_db
@@ -220,7 +220,6 @@ def _store_receipt(run: EvaluationRun) -> Receipt:
         ruleset_digest=run.ruleset_digest,
         state="running",
         revision=document["revision"],
-        pending_dispatch=True,
         document=document,
     )
 
@@ -285,12 +284,12 @@ def test_a_queued_run_with_a_receipt_keeps_what_it_recorded_and_the_receipt_is_c
     receipt.refresh_from_db()
     assert receipt.state == "cancelled"
     assert receipt.revision == 5
-    assert receipt.pending_dispatch is False
+    assert receipt.pending_dispatches == 0
     assert receipt.document["state"] == "cancelled"
     assert receipt.document["revision"] == 5
     # The v2 receipt was closed as v3, its one slot resolved.
     assert receipt.schema == receipt.document["schema"] == "decision-evaluation-receipt/v3"
-    assert receipt.document["pendingDispatches"] == []
+    assert receipt.full_document()["pendingDispatches"] == []
     assert "pendingDispatch" not in receipt.document
 
 
@@ -298,13 +297,8 @@ def _v3_with_two_calls_in_flight(run: EvaluationRun) -> Receipt:
     v2 = _receipt_document(run)
     slot = {"decisionId": "check-2", **v2.pop("pendingDispatch")}
     third = {**slot, "decisionId": "check-3", "decisionIndex": 2, "startedMs": 13.0}
-    document = {
-        **v2,
-        "schema": "decision-evaluation-receipt/v3",
-        "pendingDispatches": [third, slot],
-        "maxPendingDispatches": 3,
-    }
-    return Receipt.objects.create(
+    document = {**v2, "schema": "decision-evaluation-receipt/v3", "maxPendingDispatches": 3}
+    receipt = Receipt.objects.create(
         workspace_id="demo",
         principal_id=run.principal_id,
         invocation_id=run.invocation_id,
@@ -313,9 +307,19 @@ def _v3_with_two_calls_in_flight(run: EvaluationRun) -> Receipt:
         schema=document["schema"],
         state="running",
         revision=document["revision"],
-        pending_dispatch=True,
         document=document,
     )
+    # A v3 receipt keeps its slots as rows of their own.
+    for each in (third, slot):
+        ReceiptSlot.objects.create(
+            receipt=receipt,
+            decision_index=each["decisionIndex"],
+            target_index=each["targetIndex"],
+            number=each["number"],
+            slot=each,
+        )
+    assert receipt.pending_dispatches == 2
+    return receipt
 
 
 def test_progress_shows_every_call_in_flight_and_a_cancel_resolves_every_slot(demo):
@@ -341,6 +345,10 @@ def test_progress_shows_every_call_in_flight_and_a_cancel_resolves_every_slot(de
     assert "at most 3 in flight at once" in page
     receipts = browser.get("/admin/evaluator/receipt/").content.decode()
     assert "2 (3)" in receipts
+    # The receipt list filters on calls in flight, counted from the slot rows.
+    some = browser.get("/admin/evaluator/receipt/?in_flight=yes").content.decode()
+    none = browser.get("/admin/evaluator/receipt/?in_flight=no").content.decode()
+    assert run.invocation_id in some and run.invocation_id not in none
 
     # Taken back to the backlog (its worker died), then cancelled while queued.
     EvaluationRun.objects.filter(pk=run.pk).update(status="queued")
@@ -356,8 +364,9 @@ def test_progress_shows_every_call_in_flight_and_a_cancel_resolves_every_slot(de
         ("check-3", "dispatch-unconfirmed"),
     ]
     receipt.refresh_from_db()
-    assert receipt.state == "cancelled" and receipt.pending_dispatch is False
-    assert receipt.document["pendingDispatches"] == []
+    assert receipt.state == "cancelled" and receipt.pending_dispatches == 0
+    assert not ReceiptSlot.objects.filter(receipt=receipt).exists()
+    assert receipt.full_document()["pendingDispatches"] == []
     assert receipt.document["maxPendingDispatches"] == 3
 
 
