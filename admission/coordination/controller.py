@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
-import json
 import logging
 import math
 import time
@@ -41,6 +39,7 @@ from admission.coordination.protocol import (
     Pause,
     Pump,
     Release,
+    ReleaseBatch,
     State,
     Take,
     Withdraw,
@@ -102,19 +101,42 @@ def limits_record(limits: Limits) -> dict[str, Any]:
     return record
 
 
+# The order of a scope's limits in its profile field (lib.lua, LIMIT_FIELDS).
+_LIMIT_ORDER = ("c", "rpm", "tps", "ma", "mc", "mt", "ql", "qw", "sh", "rc")
+
+
+def _number(value: float) -> str:
+    return str(value) if type(value) is int else repr(float(value))
+
+
+def limits_field(limits: Limits) -> str:
+    """One scope's limits as the flat field the functions read without decoding JSON: the
+    values in `_LIMIT_ORDER`, then the breaker's, comma-separated, '' when absent."""
+    record = limits_record(limits)
+    values = ["" if record.get(key) is None else _number(record[key]) for key in _LIMIT_ORDER]
+    breaker = record.get("bk")
+    if breaker is not None:
+        values.extend(_number(breaker[key]) for key in ("ft", "om", "hm"))
+    while values and not values[-1]:
+        values.pop()
+    return ",".join(values)
+
+
 def profile_fields(profile: Profile) -> dict[str, str]:
-    """The profile as the fields of its shared hash."""
-    dumps = functools.partial(json.dumps, separators=(",", ":"))
-    fields = {"W": dumps(limits_record(profile.workspace))}
+    """The profile as the fields of its shared hash: one flat field per scope, and `rsv`
+    listing the principals with reserved permits as `<len>:<id><permits>;` pairs."""
+    fields = {"W": limits_field(profile.workspace)}
     for provider_id, limits in profile.providers.items():
-        fields[f"V:{provider_id}"] = dumps(limits_record(limits))
-    reserved = {}
+        fields[f"V:{provider_id}"] = limits_field(limits)
+    reserved = []
     for principal_id, limits in profile.principals.items():
-        fields[f"P:{principal_id}"] = dumps(limits_record(limits))
+        fields[f"P:{principal_id}"] = limits_field(limits)
         if limits.reserved_concurrency:
-            reserved[principal_id] = limits.reserved_concurrency
+            reserved.append(
+                f"{len(principal_id.encode())}:{principal_id}{limits.reserved_concurrency};"
+            )
     if reserved:
-        fields["rsv"] = dumps(reserved)
+        fields["rsv"] = "".join(reserved)
     return fields
 
 
@@ -238,6 +260,10 @@ class CoordinatedController:
         self._leases: dict[str, CoordinatedLease] = {}
         self._waiting: dict[str, Waiter] = {}
         self._writes: set[asyncio.Task[Any]] = set()
+        # Leases given back and not yet sent: the next acquire takes them along, or the flush
+        # sends them together within two turns of the event loop (see `give_back`).
+        self._pending: list[tuple[Release, CoordinatedLease]] = []
+        self._flush_armed = False
 
     # ----------------------------------------------------------------- public API
 
@@ -345,10 +371,10 @@ class CoordinatedController:
             logger.warning("could not install profile %s in Redis: %s", key, error)
 
     def is_busy(self) -> bool:
-        return bool(self._leases or self._waiting)
+        return bool(self._leases or self._waiting or self._pending)
 
     def is_idle(self, now: float) -> bool:
-        return not self._leases and not self._waiting
+        return not self._leases and not self._waiting and not self._pending
 
     # ---------------------------------------------------------------- preflight
 
@@ -420,13 +446,11 @@ class CoordinatedController:
     async def _decide(self, ticket: Ticket, waiter_id: str, *, guarded: bool = True) -> Decision:
         """One acquire call, after making sure Redis holds this process's revision. Guarded, a
         call whose answer is lost is withdrawn once Redis answers; a waiter queued again repeats
-        its call with the same id instead (and withdraws it if it leaves)."""
+        its call with the same id instead (and withdraws it if it leaves). Leases this process
+        gave back and has not sent yet go back first, in the same call."""
         request = ticket.request
-        if self._writes:
-            # Releases this process started go on the wire first (one loop turn, no waiting for
-            # their answers), so a serial caller does not queue behind its own permit.
-            await asyncio.sleep(0)
         stale = 0
+        releases = self._take_pending()
         while True:
             now = self._clock.monotonic_ms()
             deadline = request.deadline_ms
@@ -446,12 +470,21 @@ class CoordinatedController:
                     None if dwell is None else float(dwell),
                     None if deadline is None else max(0.0, deadline - now),
                     self._coordinator.is_registered(self.workspace_id),
+                    # Guarded calls send a new id; a requeue repeats one (Redis deduplicates).
+                    guarded,
+                    tuple(release for release, _ in releases),
                 ),
+                releases,
             )
+            if releases:
+                self._released(releases, result.released)
+                releases = []
             status = result.status
             if status in (ADMIT, QUEUED_STATUS):
                 self._coordinator.note_registered(self.workspace_id)
             if status in (ADMIT, REJECT, QUEUED_STATUS):
+                if result.counted:
+                    self._count(request.provider_id, result)
                 return result
             if status == RECOVERING:
                 await self._pause_for(ticket, result.wait_ms)
@@ -474,28 +507,42 @@ class CoordinatedController:
                 ):
                     await self._install()
 
-    async def _call_guarded(self, waiter_id: str, guarded: bool, acquire: Acquire) -> Decision:
+    def _count(self, provider_id: str, decision: Decision) -> None:
+        """Decisions are counted here and reported with the heartbeat (they cost Redis
+        nothing); an instant admission adds to the queue-delay histogram's first bucket."""
+        count = self._coordinator.count_local
+        status = decision.status
+        if status == ADMIT:
+            count(self.workspace_id, provider_id, "admit", "admitted")
+            count(self.workspace_id, provider_id, "delay", "0")
+        elif status == REJECT:
+            count(self.workspace_id, provider_id, "reject", str(decision.reason))
+        elif decision.reason:
+            count(self.workspace_id, provider_id, "defer", decision.reason)
+
+    async def _call_guarded(
+        self,
+        waiter_id: str,
+        guarded: bool,
+        acquire: Acquire,
+        releases: list[tuple[Release, CoordinatedLease]],
+    ) -> Decision:
         """A call that may admit or queue: if the caller is cancelled (or the call times out)
-        while it is in flight, whatever it took is handed back once it lands."""
-        call = asyncio.ensure_future(self._coordinator.call(self.workspace_id, acquire))
+        while it is in flight, whatever it took is handed back once Redis answers, and the
+        leases it carried are given back again (a lease already back is "gone")."""
         try:
-            return await asyncio.shield(call)
+            return await self._coordinator.call(self.workspace_id, acquire)
         except asyncio.CancelledError:
-            call.add_done_callback(functools.partial(self._undo_after, waiter_id))
+            self._resend(releases)
+            self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
             raise
         except CoordinationUnavailable:
+            self._resend(releases)
             if guarded:
                 # It may have run, or may still run (a stalled Redis runs what it was sent
                 # when it resumes): withdraw it once Redis answers; a late copy takes nothing.
                 self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
             raise
-
-    def _undo_after(self, waiter_id: str, call: asyncio.Future[Decision]) -> None:
-        if call.cancelled() or call.exception() is not None:
-            self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
-            return
-        if call.result().status in (ADMIT, QUEUED_STATUS):
-            self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
 
     async def _withdraw_eventually(self, waiter_id: str, reason: str) -> None:
         await self._coordinator.write(self.workspace_id, Withdraw(waiter_id, reason))
@@ -812,34 +859,74 @@ class CoordinatedController:
     # ------------------------------------------------------------------ writes
 
     def give_back(self, lease: CoordinatedLease, outcome: ReleaseOutcome) -> None:
-        """A lease's permit goes back to the pool (in the background)."""
+        """A lease's permit goes back to the pool, in the background: with the next acquire of
+        this workspace if one starts within two turns of the event loop, else in one call with
+        the other leases given back meanwhile. Either way it is back in the pool one round trip
+        after that (see docs/admission-coordination.md, "What a decision costs")."""
         self._leases.pop(lease.id, None)
         self._coordinator.book.drop_lease(lease.id)
-        call = Release(
+        release = Release(
             lease.id,
             outcome.success,
             outcome.retry_after_ms,
             outcome.actual_tokens,
             outcome.actual_cost_usd,
         )
-        task = self._coordinator.background(self._write(call, lease))
+        self._pending.append((release, lease))
+        if self._flush_armed:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush_releases()  # outside the loop: sent as soon as the loop runs
+            return
+        self._flush_armed = True
+        # Two turns: a caller that releases and then yields once (`await asyncio.sleep(0)`)
+        # or goes straight on to its next acquire takes its release along.
+        loop.call_soon(loop.call_soon, self.flush_releases)
+
+    def _take_pending(self) -> list[tuple[Release, CoordinatedLease]]:
+        pending = self._pending
+        if pending:
+            self._pending = []
+        return pending
+
+    def flush_releases(self) -> None:
+        """Send the leases given back and not sent yet, in one call (in the background)."""
+        self._flush_armed = False
+        self._resend(self._take_pending())
+
+    def _resend(self, items: list[tuple[Release, CoordinatedLease]]) -> None:
+        if not items:
+            return
+        task = self._coordinator.background(self._write_releases(items))
         if task is not None:
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
 
-    async def _write(
-        self, call: Release | Pause | ForgetBudget, lease: CoordinatedLease | None
+    async def _write_releases(self, items: list[tuple[Release, CoordinatedLease]]) -> None:
+        """Releases must land, however long Redis is away (see `RedisCoordinator.write`)."""
+        batch = ReleaseBatch(tuple(release for release, _ in items))
+        result = await self._coordinator.write(self.workspace_id, batch)
+        if result is not None:
+            self._released(items, result)
+
+    def _released(
+        self, items: list[tuple[Release, CoordinatedLease]], answers: tuple[Written, ...]
     ) -> None:
+        for (_, lease), written in zip(items, answers, strict=False):
+            transitions = self._note_transitions(written.figures.transitions)
+            if transitions:
+                lease.evidence.breaker_transitions.extend(transitions)
+
+    async def _write(self, call: Pause | ForgetBudget) -> None:
         """A write that must land, however long Redis is away (see `RedisCoordinator.write`)."""
         result = await self._coordinator.write(self.workspace_id, call)
-        if result is None:
-            return
-        transitions = self._note_transitions(result.figures.transitions)
-        if lease is not None and transitions:
-            lease.evidence.breaker_transitions.extend(transitions)
+        if result is not None:
+            self._note_transitions(result.figures.transitions)
 
     async def _forget_budget(self, budget_id: str) -> None:
-        await self._write(ForgetBudget(budget_id), None)
+        await self._write(ForgetBudget(budget_id))
 
     async def _pause(self, provider_id: str, ms: float) -> None:
-        await self._write(Pause(provider_id, ms), None)
+        await self._write(Pause(provider_id, ms))

@@ -122,6 +122,8 @@ class RedisCoordinator:
         self._announced = False
         self._registered: set[str] = set()
         self._acting: set[str] = set()
+        # The header of every call, encoded once per (workspace, epoch).
+        self._headers: dict[tuple[str, str], list[bytes]] = {}
         self._closed = False
 
     @property
@@ -151,18 +153,25 @@ class RedisCoordinator:
 
     # ---------------------------------------------------------------- lifecycle
 
-    def _header(self, workspace_id: str, epoch: str) -> Header:
-        s = self.settings
-        return Header(
-            s.prefix,
-            workspace_id,
-            s.idle_ttl_ms,
-            self.process_id,
-            s.lease_ttl_ms,
-            epoch,
-            s.recovery_grace_ms,
-            s.budget_ttl_ms,
-        )
+    def _header(self, workspace_id: str, epoch: str) -> list[bytes]:
+        key = (workspace_id, epoch)
+        packed = self._headers.get(key)
+        if packed is None:
+            s = self.settings
+            packed = Header(
+                s.prefix,
+                workspace_id,
+                s.idle_ttl_ms,
+                self.process_id,
+                s.lease_ttl_ms,
+                epoch,
+                s.recovery_grace_ms,
+                s.budget_ttl_ms,
+            ).pack()
+            if len(self._headers) > 4096:
+                self._headers.clear()
+            self._headers[key] = packed
+        return packed
 
     def _bind(self) -> None:
         loop = asyncio.get_running_loop()
@@ -198,6 +207,11 @@ class RedisCoordinator:
 
     async def aclose(self) -> None:
         """Stop the heartbeat and the listener and close the clients (tests, shutdown)."""
+        if self._loop is not None and not self._closed:
+            # Releases not sent yet go now; decisions counted here are reported (bounded).
+            self._flush_releases()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.push_counts(), self._close_grace_s())
         self._closed = True
         tasks = list(self._tasks)
         for task in tasks:
@@ -246,10 +260,42 @@ class RedisCoordinator:
         task.add_done_callback(self._background.discard)
         return task
 
+    def _flush_releases(self) -> None:
+        for controller in list(self.controllers.values()):
+            controller.flush_releases()
+
     async def settle(self) -> None:
-        """Wait for the releases and other writes this process has started."""
+        """Wait for the releases and other writes this process has started, then report the
+        decisions counted here (operators' views read them from Redis)."""
+        self._flush_releases()
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        await self.push_counts()
+
+    async def push_counts(self) -> None:
+        """Report the decisions counted here since the last heartbeat now (counts only: no
+        renewal, no audit), one call per hash slot."""
+        if self._loop is None or self._closed:
+            return
+        counts = {ws: dict(counter) for ws, counter in self.local_counts.items() if counter}
+        if not counts:
+            return
+        self.local_counts = {}
+        groups: dict[int | None, Heartbeat] = {}
+        for ws, by_label in counts.items():
+            key = route_key(self.settings.prefix, ws)
+            slot = self._group(key)
+            beat = groups.get(slot)
+            if beat is None:
+                beat = groups[slot] = Heartbeat({}, {}, {}, registry=False, key=key)
+            beat.counts[ws] = by_label
+        for beat in groups.values():
+            try:
+                await self._heartbeat_call(beat)
+            except CoordinationUnavailable:
+                # Kept for the next beat.
+                for ws, by_label in beat.counts.items():
+                    self.local_counts.setdefault(ws, Counter()).update(by_label)
 
     # -------------------------------------------------------------------- calls
 
@@ -283,10 +329,11 @@ class RedisCoordinator:
         self.round_trips[name] += 1
         if name == "reassert":
             self._acting.add(workspace_id)
-        epoch = self.epochs.get(workspace_id, "")
-        arguments = [*self._header(workspace_id, epoch).pack(), *call.pack()]
+        header = self._header(workspace_id, self.epochs.get(workspace_id, ""))
         try:
-            raw = await self._fcall(name, route_key(self.settings.prefix, workspace_id), arguments)
+            raw = await self._fcall(
+                name, route_key(self.settings.prefix, workspace_id), [*header, *call.pack()], call
+            )
         except redis.ResponseError as error:
             # A function that fails is a bug, not an outage: say so loudly, and fail closed.
             logger.error("admission function %s failed: %s", name, error)
@@ -301,22 +348,30 @@ class RedisCoordinator:
         self._note_epoch(workspace_id, result)
         return result
 
-    async def _fcall(self, name: str, key: str, arguments: list[Any]) -> Any:
-        """One function call naming `key` (the hash slot it acts in, for a cluster's routing)."""
+    async def _fcall(
+        self, name: str, key: str, arguments: list[Any], call: Call[Any] | None = None
+    ) -> Any:
+        """One function call naming `key` (the hash slot it acts in, for a cluster's routing).
+        `arguments` start with the header (`Header.SIZE` of them); `call`, when given, says
+        what to send again if the first copy may have run."""
         client = self._client
         assert client is not None
+        function = function_name(name)
         reconnected = loaded = False
         while True:
             try:
                 async with self._slots:
-                    return await client.fcall(function_name(name), 1, key, *arguments)
+                    return await client.fcall(function, 1, key, *arguments)
             except (redis.ConnectionError, ConnectionError):
                 if reconnected:
                     raise
                 # Pooled connections die together (Redis restarted, the network blinked): drop
-                # them all and try once more on a fresh one. Every function is safe to repeat. A
-                # cluster client renews its connections (and its map of the slots) by itself.
+                # them all and try once more on a fresh one. Every function is safe to repeat
+                # (the first copy may have run: the call says so when it matters). A cluster
+                # client renews its connections (and its map of the slots) by itself.
                 reconnected = True
+                if call is not None:
+                    arguments = [*arguments[: Header.SIZE], *call.repeated().pack()]
                 if isinstance(client, redis.asyncio.Redis):
                     await client.connection_pool.disconnect()
             except redis.ResponseError as error:
@@ -343,7 +398,7 @@ class RedisCoordinator:
         client = self._sync()
         name = call.entry
         # A synchronous caller cannot re-assert permits; it speaks for no epoch.
-        header = self._header(workspace_id, "").pack()
+        header = self._header(workspace_id, "")
         args = call.pack()
         key = route_key(self.settings.prefix, workspace_id)
         try:
@@ -494,7 +549,7 @@ class RedisCoordinator:
     async def _heartbeat_call(self, beat: Heartbeat) -> HeartbeatResult:
         self._bind()
         self.round_trips["heartbeat"] += 1
-        arguments = [*self._header("", "").pack(), *beat.pack()]
+        arguments = [*self._header("", ""), *beat.pack()]
         try:
             raw = await self._fcall("heartbeat", beat.key, arguments)
         except redis.ResponseError as error:

@@ -8,6 +8,7 @@ module; nothing else reads or writes them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
@@ -46,10 +47,12 @@ __all__ = [
     "Reassert",
     "ReassertResult",
     "Release",
+    "ReleaseBatch",
     "State",
     "Take",
     "Withdraw",
     "Written",
+    "parse_scope",
 ]
 
 R = TypeVar("R")
@@ -84,6 +87,7 @@ def _compact(value: Any) -> str:
 class Header:
     """What every call carries before its own arguments."""
 
+    SIZE: ClassVar[int] = 8
     prefix: str
     workspace_id: str
     idle_ttl_ms: int
@@ -94,17 +98,39 @@ class Header:
     recovery_grace_ms: int
     budget_ttl_ms: int
 
-    def pack(self) -> list[Any]:
+    def pack(self) -> list[bytes]:
+        """The header as the client sends it, encoded once (a caller keeps it per workspace
+        and epoch and sends the same list with every call)."""
         return [
-            self.prefix,
-            self.workspace_id,
-            self.idle_ttl_ms,
-            self.process_id,
-            self.lease_ttl_ms,
-            self.epoch,
-            self.recovery_grace_ms,
-            self.budget_ttl_ms,
+            str(value).encode()
+            for value in (
+                self.prefix,
+                self.workspace_id,
+                self.idle_ttl_ms,
+                self.process_id,
+                self.lease_ttl_ms,
+                self.epoch,
+                self.recovery_grace_ms,
+                self.budget_ttl_ms,
+            )
         ]
+
+
+# The fields of one scope's state, in the order the functions store them (lib.lua, FIELDS).
+_SCOPE_FIELDS = (
+    "a", "q", "rl", "rt", "tl", "tt", "ht", "pz", "bs", "bf", "bg", "bo", "bp", "pl", "tb", "ox",
+    "h",
+)  # fmt: skip
+
+
+def parse_scope(raw: str | bytes | None) -> dict[str, str]:
+    """One scope's stored state (a field of `<prefix>:{<workspace>}:s`) as field -> value, only
+    the fields away from their defaults (operators' tools and tests read it)."""
+    if raw is None:
+        return {}
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    pieces = text.split(",", len(_SCOPE_FIELDS) - 1)
+    return {name: piece for name, piece in zip(_SCOPE_FIELDS, pieces, strict=False) if piece}
 
 
 # ------------------------------------------------------------------------------ results
@@ -174,6 +200,10 @@ class Decision:
     # Stale: the revision Redis holds and its ledger position.
     revision: str | None = None
     sequence: int | None = None
+    # A decision made for the first time (the caller counts it; see Heartbeat), not a repeat.
+    counted: bool = True
+    # What became of the leases the call gave back first, in their order.
+    released: tuple[Written, ...] = ()
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Decision:
@@ -188,6 +218,8 @@ class Decision:
             float(raw.get("wait", 0)),
             None if raw.get("rev") is None else str(raw["rev"]),
             None if sequence is None else int(sequence),
+            not raw.get("nc"),
+            tuple(Written.parse(entry) for entry in raw.get("rel") or ()),
         )
 
 
@@ -310,10 +342,15 @@ class Call(Generic[R]):
     def parse(self, raw: dict[str, Any]) -> R:
         raise NotImplementedError
 
+    def repeated(self) -> Call[R]:
+        """The call to send again when an earlier copy may have run (a lost answer)."""
+        return self
+
 
 @dataclass(frozen=True, slots=True)
 class Acquire(Call[Decision]):
-    """Admit now, queue fairly, or refuse one request."""
+    """Admit now, queue fairly, or refuse one request; leases this process gave back meanwhile
+    go back first, in the same call."""
 
     entry: ClassVar[str] = "acquire"
     revision: str
@@ -329,9 +366,13 @@ class Acquire(Call[Decision]):
     deadline_in_ms: float | None
     # The caller's process has this workspace registered already (saves a write).
     registered: bool
+    # The first time this request id is sent: no earlier copy can hold a permit or a place, so
+    # Redis need not look (a repeat after a lost answer or a requeue sends False).
+    fresh: bool = False
+    releases: tuple[Release, ...] = ()
 
     def pack(self) -> list[Any]:
-        return [
+        packed = [
             self.revision,
             self.request_id,
             self.principal_id,
@@ -343,17 +384,25 @@ class Acquire(Call[Decision]):
             _optional(self.dwell_ms),
             _optional(self.deadline_in_ms),
             "1" if self.registered else "",
+            "1" if self.fresh else "",
+            len(self.releases),
         ]
+        for release in self.releases:
+            packed.extend(release.pack())
+        return packed
 
     def parse(self, raw: dict[str, Any]) -> Decision:
         return Decision.parse(raw)
 
+    def repeated(self) -> Acquire:
+        return dataclasses.replace(self, fresh=False)
+
 
 @dataclass(frozen=True, slots=True)
-class Release(Call[Written]):
-    """Give a lease back, with what the host reported about the call it covered."""
+class Release:
+    """One lease given back, with what the host reported about the call it covered; it travels
+    in a `ReleaseBatch` or ahead of an `Acquire`."""
 
-    entry: ClassVar[str] = "release"
     lease_id: str
     success: bool | None = None
     retry_after_ms: float | None = None
@@ -370,8 +419,22 @@ class Release(Call[Written]):
             "" if self.actual_cost_usd is None else repr(float(self.actual_cost_usd)),
         ]
 
-    def parse(self, raw: dict[str, Any]) -> Written:
-        return Written.parse(raw)
+
+@dataclass(frozen=True, slots=True)
+class ReleaseBatch(Call[tuple[Written, ...]]):
+    """Give leases back in one call; one answer per lease, in their order."""
+
+    entry: ClassVar[str] = "release"
+    releases: tuple[Release, ...]
+
+    def pack(self) -> list[Any]:
+        packed: list[Any] = [len(self.releases)]
+        for release in self.releases:
+            packed.extend(release.pack())
+        return packed
+
+    def parse(self, raw: dict[str, Any]) -> tuple[Written, ...]:
+        return tuple(Written.parse(entry) for entry in raw.get("rel") or ())
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,54 +1,78 @@
 -- Admit now, queue fairly, or refuse. ARGV from 9: revision, request id, principal, provider,
 -- budget id, tokens, cost, attempts, dwell limit (ms), deadline (ms from now), '1' when the
--- caller has this workspace registered for its process already.
-local done, epoch = open_ws(true)
+-- caller has this workspace registered for its process already, '1' when this is the first time
+-- the caller sends this request id, then the number of leases the caller gives back first and
+-- their arguments (five each, as release_many reads them).
+--
+-- The common case (capacity free, nobody queued) reads the epoch, the profile's three limit
+-- fields and the four scope fields, and writes the scope fields, the lease and the invocation's
+-- repeat count: no queue, lane, rotation, offer or tombstone is looked at. Decision counts are
+-- kept by the caller and reported with its heartbeat.
+local done, epoch, ready = open_ws(false)
 if done then return done end
+local released = nil
+local nrel = tonumber(ARGV[21]) or 0
+if nrel > 0 then
+  released = release_many(22, nrel)
+  if needs_pump() then pump() end
+end
+-- Answers not counted by the caller (nothing was decided for the first time) carry nc.
+local function answer(t)
+  t.ep = epoch
+  if released ~= nil then t.rel = released end
+  return reply(t)
+end
+if NOW < ready then return answer({st = 'recovering', wait = ready - NOW}) end
 REGISTERED = ARGV[19] == '1'
 local w = {
   id = ARGV[10], pid = ARGV[11], prov = ARGV[12], bud = ARGV[13], proc = PROC,
   tok = tonumber(ARGV[14]), cost = tonumber(ARGV[15]), att = tonumber(ARGV[16]), arr = NOW,
 }
--- A call repeated after a lost connection must not take a second permit or place; a waiter
--- queued again finds the grant made for it meanwhile, and takes it.
-local held = redis.call('HGET', LEASES, w.id)
-if held then
-  local lease = cjson.decode(held)
-  if lease.off ~= nil then
-    lease.off = nil
-    redis.call('HSET', LEASES, w.id, cjson.encode(lease))
-    redis.call('ZREM', OFFERS, w.id)
+if ARGV[20] ~= '1' then
+  -- A call repeated after a lost connection must not take a second permit or place; a waiter
+  -- queued again finds the grant made for it meanwhile, and takes it.
+  local held = redis.call('HGET', LEASES, w.id)
+  if held then
+    local lease = cjson.decode(held)
+    if lease.off ~= nil then
+      lease.off = nil
+      redis.call('HSET', LEASES, w.id, cjson.encode(lease))
+      redis.call('ZREM', OFFERS, w.id)
+    end
+    local ev = evidence({pid = lease.pid, prov = lease.prov})
+    ev.st = 'admit'
+    ev.nc = 1
+    return answer(ev)
   end
-  local ev = evidence({pid = lease.pid, prov = lease.prov})
-  ev.st = 'admit'
-  ev.ep = epoch
-  return reply(ev)
+  if redis.call('HEXISTS', WAITERS, w.id) == 1 then
+    local ev = evidence(w)
+    ev.st = 'queued'
+    ev.nc = 1
+    return answer(ev)
+  end
 end
-if redis.call('HEXISTS', WAITERS, w.id) == 1 then
-  local ev = evidence(w)
-  ev.st = 'queued'
-  ev.ep = epoch
-  return reply(ev)
-end
+local sp, sw, sv, sx = scopes_of(w.pid, w.prov)
 -- The caller withdrew this request already (its answer was lost): a late copy takes nothing.
-if redis.call('EXISTS', BASE .. 't:' .. w.id) == 1 then
-  return reply({st = 'reject', reason = 'cancelled', ep = epoch})
+-- Looked for only while a tombstone may live (the workspace keeps when the last one lapses), or
+-- when the workspace's state is empty (it expired idle, and that time with it).
+if ((sw.tb ~= nil and sw.tb > NOW) or sw._raw == '')
+    and redis.call('EXISTS', BASE .. 't:' .. w.id) == 1 then
+  return answer({st = 'reject', reason = 'cancelled', nc = 1})
 end
 local rev = preload('W', 'P:' .. w.pid, 'V:' .. w.prov, 'rsv')
-if not rev then return reply({st = 'noprofile', ep = epoch}) end
+if not rev then return answer({st = 'noprofile'}) end
 if rev ~= ARGV[9] then
-  return reply({st = 'stale', ep = epoch, rev = rev, seq = tonumber(redis.call('HGET', PROF, 'pseq'))})
+  return answer({st = 'stale', rev = rev, seq = tonumber(redis.call('HGET', PROF, 'pseq'))})
 end
 local lp, lw, lv = limits('P:' .. w.pid), limits('W'), limits('V:' .. w.prov)
-if not lp then return reply({st = 'reject', reason = 'unconfigured-principal', ep = epoch}) end
-if not lv then return reply({st = 'reject', reason = 'unconfigured-provider', ep = epoch}) end
+if not lp then return answer({st = 'reject', reason = 'unconfigured-principal', nc = 1}) end
+if not lv then return answer({st = 'reject', reason = 'unconfigured-provider', nc = 1}) end
 local function refuse(reason)
-  count(w.prov, 'reject', reason)
   local ev = evidence(w)
   ev.st = 'reject'
   ev.reason = reason
-  ev.ep = epoch
   if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
-  return reply(ev)
+  return answer(ev)
 end
 local reason = budgets_reason(w, lp, lw, lv)
 if reason then return refuse(reason) end
@@ -56,16 +80,14 @@ local lane = lane_of(w.prov, w.pid)
 local qk = lane_key(lane)
 local verdict, at, hold
 verdict = 'defer'
-if redis.call('LLEN', qk) == 0 then
+-- Nobody queued in the workspace: no lane to look at.
+if sw.q == 0 or redis.call('LLEN', qk) == 0 then
   verdict, reason, at, hold = dispatch_check(w, lp, lw, lv)
   if verdict == 'admit' then
     local ev = admit(w, lp, lw, lv)
-    count(w.prov, 'admit', 'admitted')
-    count_delay(w.prov, 0)
     ev.st = 'admit'
-    ev.ep = epoch
-      if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
-    return reply(ev)
+    if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
+    return answer(ev)
   end
   if verdict == 'reject' then return refuse(reason) end
 end
@@ -89,8 +111,6 @@ if redis.call('ZSCORE', ROT, lane) == false then
   -- A new lane joins the rotation just ahead of the lane served last.
   redis.call('ZADD', ROT, rotation_now() - 0.5, lane)
 end
-local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
-local sx = scope(key_x(w.prov, w.pid))
 for _, s in ipairs({sp, sw, sv, sx}) do
   s.q = s.q + 1
   touch(s)
@@ -102,12 +122,10 @@ if at ~= nil then
     redis.call('HSET', META, 'wk', string.format('%.17g', at))
   end
 end
-if reason ~= nil then count(w.prov, 'defer', reason) end
 local ev = evidence(w)
 ev.q = ev.q - 1
 ev.st = 'queued'
 ev.reason = reason
-ev.ep = epoch
 if at ~= nil then ev.wake = at - NOW end
 if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
-return reply(ev)
+return answer(ev)

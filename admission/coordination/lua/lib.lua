@@ -58,49 +58,95 @@ local function enc(s)
   return #s .. ':' .. s
 end
 
-local WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS, OFFERS
+local WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS, OFFERS, STATE
 -- A grant made for a waiting request must be taken by its process within this long (a share of
 -- the process lease TTL), or it goes back to the pool.
 local GRANT_TTL
 local LIM, SC, BUD, ALIVE, RESULT_TRANSITIONS
 
-local FIELDS = {'a', 'q', 'rl', 'rt', 'tl', 'tt', 'h', 'ht', 'pz', 'bs', 'bf', 'bg', 'bo', 'bp'}
+-- A scope's state is one field of the workspace's state hash (P:{ws}:s), its value the fields
+-- below in this order, comma-separated, '' for a field at its default, trailing defaults left
+-- out; `h` (a waiter id) comes last and takes the rest of the value. A scope at its defaults
+-- has no field at all.
+local FIELDS = {'a', 'q', 'rl', 'rt', 'tl', 'tt', 'ht', 'pz', 'bs', 'bf', 'bg', 'bo', 'bp', 'pl',
+  'tb', 'ox', 'h'}
 local TEXT = {h = true, bs = true}
+local ZERO_IS_DEFAULT = {a = true, q = true, bf = true, bp = true}
 
 local function is_idle(a, q, h)
   return (a or 0) == 0 and (q or 0) == 0 and h == nil
 end
 
+local function pack_scope(s)
+  local parts, last = {}, 0
+  for i, f in ipairs(FIELDS) do
+    local v = s[f]
+    if v ~= nil and ZERO_IS_DEFAULT[f] and v == 0 then v = nil end
+    if v == nil then
+      parts[i] = ''
+    else
+      parts[i] = TEXT[f] and v or string.format('%.17g', v)
+      last = i
+    end
+  end
+  if last == 0 then return '' end
+  return table.concat(parts, ',', 1, last)
+end
+
+local function unpack_scope(raw, s)
+  local pos, n = 1, #FIELDS
+  for i = 1, n - 1 do
+    local comma = string.find(raw, ',', pos, true)
+    local piece = string.sub(raw, pos, (comma or 0) - 1)
+    if piece ~= '' then
+      local f = FIELDS[i]
+      if TEXT[f] then s[f] = piece else s[f] = tonumber(piece) end
+    end
+    if not comma then return end
+    pos = comma + 1
+  end
+  local rest = string.sub(raw, pos)
+  if rest ~= '' then s.h = rest end
+end
+
+-- The state hash of an idle workspace expires IDLE_TTL after its last change; a busy one never
+-- expires.
 local function flush()
   if SC == nil then return end
-  for key, s in pairs(SC) do
+  local set, del, changed = {}, {}, false
+  for name, s in pairs(SC) do
     if s._dirty then
-      local orig = s._orig
-      local set, del = {}, {}
-      for _, f in ipairs(FIELDS) do
-        local v = s[f]
-        if (f == 'a' or f == 'q' or f == 'bf' or f == 'bp') and v == 0 then v = nil end
-        if v ~= orig[f] then
-          if v == nil then
-            del[#del + 1] = f
-          else
-            set[#set + 1] = f
-            set[#set + 1] = TEXT[f] and v or string.format('%.17g', v)
-          end
+      local packed = pack_scope(s)
+      if packed ~= s._raw then
+        if packed == '' then del[#del + 1] = name else
+          set[#set + 1] = name
+          set[#set + 1] = packed
         end
-      end
-      if #del > 0 then redis.call('HDEL', key, unpack(del)) end
-      if #set > 0 then redis.call('HSET', key, unpack(set)) end
-      -- A busy scope never expires; an idle one expires IDLE_TTL after its last change.
-      local was_idle = is_idle(orig.a, orig.q, orig.h)
-      if is_idle(s.a, s.q, s.h) then
-        redis.call('PEXPIRE', key, IDLE_TTL)
-      elseif was_idle and s._existed then
-        redis.call('PERSIST', key)
+        s._raw = packed
+        changed = true
       end
       s._dirty = false
     end
   end
+  if not changed then return end
+  if #del > 0 then redis.call('HDEL', STATE, unpack(del)) end
+  if #set > 0 then redis.call('HSET', STATE, unpack(set)) end
+  local sw = SC['W']
+  if sw == nil then
+    -- Only other scopes changed (a pause): the workspace's idleness decides.
+    local raw = redis.call('HGET', STATE, 'W')
+    sw = {}
+    if raw then unpack_scope(raw, sw) end
+    if is_idle(sw.a, sw.q, sw.h) then redis.call('PEXPIRE', STATE, IDLE_TTL) end
+    return
+  end
+  local idle = is_idle(sw.a, sw.q, sw.h)
+  if idle then
+    redis.call('PEXPIRE', STATE, IDLE_TTL)
+  elseif sw._idle then
+    redis.call('PERSIST', STATE)
+  end
+  sw._idle = idle
 end
 
 local function use_ws(ws)
@@ -114,6 +160,7 @@ local function use_ws(ws)
   ROT = BASE .. 'rot'
   TRANS = BASE .. 'bt'
   OFFERS = BASE .. 'off'
+  STATE = BASE .. 's'
   EPOCH_KEY = BASE .. 'epoch'
   PROCS = BASE .. 'procs'
   EPOCH_READY = nil
@@ -138,7 +185,7 @@ local function begin(args)
   EPOCH_KEY, PROCS = nil, nil
   REGISTERED = false
   WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil, nil
-  OFFERS = nil
+  OFFERS, STATE = nil, nil
   LIM, SC, BUD = nil, nil, nil
   ALIVE = {}
   RESULT_TRANSITIONS = {}
@@ -192,11 +239,50 @@ end
 
 -- ----------------------------------------------------------------------- state access
 
+-- A scope's limits are one field of the profile hash, its value the limits below in this order,
+-- comma-separated, '' when absent (written by `profile_fields` in controller.py); `rsv` lists the
+-- principals with reserved permits as <len>:<id><permits>; pairs.
+local LIMIT_FIELDS = {'c', 'rpm', 'tps', 'ma', 'mc', 'mt', 'ql', 'qw', 'sh', 'rc', 'ft', 'om', 'hm'}
+
+local function parse_limits(raw)
+  local lim, pos = {}, 1
+  for i = 1, #LIMIT_FIELDS do
+    local comma = string.find(raw, ',', pos, true)
+    local piece = string.sub(raw, pos, (comma or 0) - 1)
+    if piece ~= '' then lim[LIMIT_FIELDS[i]] = tonumber(piece) end
+    if not comma then break end
+    pos = comma + 1
+  end
+  if lim.ft ~= nil then
+    lim.bk = {ft = lim.ft, om = lim.om, hm = lim.hm}
+    lim.ft, lim.om, lim.hm = nil, nil, nil
+  end
+  return lim
+end
+
+local function parse_reserved(raw)
+  local out, pos = {}, 1
+  while pos <= #raw do
+    local colon = string.find(raw, ':', pos, true)
+    local n = tonumber(string.sub(raw, pos, colon - 1))
+    local id = string.sub(raw, colon + 1, colon + n)
+    local semi = string.find(raw, ';', colon + n + 1, true)
+    out[id] = tonumber(string.sub(raw, colon + n + 1, semi - 1))
+    pos = semi + 1
+  end
+  return out
+end
+
+local function decode_limits(field, raw)
+  if not raw then return false end
+  if field == 'rsv' then return parse_reserved(raw) end
+  return parse_limits(raw)
+end
+
 local function limits(field)
   local v = LIM[field]
   if v == nil then
-    local raw = redis.call('HGET', PROF, field)
-    if raw then v = cjson.decode(raw) else v = false end
+    v = decode_limits(field, redis.call('HGET', PROF, field))
     LIM[field] = v
   end
   return v
@@ -206,16 +292,15 @@ end
 local function preload(...)
   local fields = {'rev', ...}
   local raw = redis.call('HMGET', PROF, unpack(fields))
-  for i = 2, #fields do
-    if raw[i] then LIM[fields[i]] = cjson.decode(raw[i]) else LIM[fields[i]] = false end
-  end
+  for i = 2, #fields do LIM[fields[i]] = decode_limits(fields[i], raw[i]) end
   return raw[1]
 end
 
-local function key_w() return BASE .. 's:W' end
-local function key_p(pid) return BASE .. 's:P:' .. pid end
-local function key_v(prov) return BASE .. 's:V:' .. prov end
-local function key_x(prov, pid) return BASE .. 's:X:' .. enc(prov) .. pid end
+-- Scopes are named W, P:<principal>, V:<provider> and X:<provider, length-prefixed><principal>.
+local function key_w() return 'W' end
+local function key_p(pid) return 'P:' .. pid end
+local function key_v(prov) return 'V:' .. prov end
+local function key_x(prov, pid) return 'X:' .. enc(prov) .. pid end
 local function lane_of(prov, pid) return enc(prov) .. pid end
 local function lane_key(lane) return BASE .. 'q:' .. lane end
 
@@ -225,24 +310,40 @@ local function split_lane(lane)
   return string.sub(lane, colon + 1, colon + n), string.sub(lane, colon + n + 1)
 end
 
-local function scope(key)
-  local s = SC[key]
-  if s == nil then
-    local flat = redis.call('HGETALL', key)
-    s = {_key = key, _existed = #flat > 0}
-    local orig = {}
-    for i = 1, #flat, 2 do
-      local f, v = flat[i], flat[i + 1]
-      if not TEXT[f] then v = tonumber(v) end
-      s[f] = v
-      orig[f] = v
-    end
-    s._orig = orig
-    s.a = s.a or 0
-    s.q = s.q or 0
-    SC[key] = s
-  end
+local function new_scope(name, raw)
+  local s = {_key = name, _raw = raw or ''}
+  if raw then unpack_scope(raw, s) end
+  s.a = s.a or 0
+  s.q = s.q or 0
+  if name == 'W' then s._idle = is_idle(s.a, s.q, s.h) end
+  SC[name] = s
   return s
+end
+
+-- Loads the named scopes not loaded yet, in one read.
+local function load_scopes(names)
+  local missing = {}
+  for _, name in ipairs(names) do
+    if SC[name] == nil then missing[#missing + 1] = name end
+  end
+  if #missing == 0 then return end
+  local raw = redis.call('HMGET', STATE, unpack(missing))
+  for i, name in ipairs(missing) do
+    if SC[name] == nil then new_scope(name, raw[i] or nil) end
+  end
+end
+
+local function scope(name)
+  local s = SC[name]
+  if s == nil then s = new_scope(name, redis.call('HGET', STATE, name) or nil) end
+  return s
+end
+
+-- The four scopes of one (principal, provider) pair, loaded together.
+local function scopes_of(pid, prov)
+  local names = {key_p(pid), 'W', key_v(prov), key_x(prov, pid)}
+  load_scopes(names)
+  return SC[names[1]], SC['W'], SC[names[3]], SC[names[4]]
 end
 
 local function touch(s) s._dirty = true end
@@ -324,6 +425,9 @@ end
 local function pressure_key(prov) return BASE .. 'pr:' .. prov end
 
 local function pressure_event(prov)
+  local sv = scope(key_v(prov))
+  sv.pl = NOW
+  touch(sv)
   local key = pressure_key(prov)
   local n = redis.call('RPUSH', key, string.format('%.17g', NOW))
   if n > PRESSURE_CAP then redis.call('LPOP', key) end
@@ -331,6 +435,9 @@ local function pressure_event(prov)
 end
 
 local function retry_pressure(prov)
+  -- No event within the window (the provider's scope keeps the last one's time): no read.
+  local last = scope(key_v(prov)).pl
+  if last == nil or last <= NOW - PRESSURE_WINDOW then return 0 end
   local key = pressure_key(prov)
   if redis.call('LLEN', key) == 0 then return 0 end
   local horizon = NOW - PRESSURE_WINDOW
@@ -371,6 +478,11 @@ end
 local function unused_reserved(prov)
   local rsv = limits('rsv')
   if not rsv then return 0 end
+  local names = {}
+  for pid in pairs(rsv) do
+    if prov == nil then names[#names + 1] = key_p(pid) else names[#names + 1] = key_x(prov, pid) end
+  end
+  load_scopes(names)
   local total = 0
   for pid, reserved in pairs(rsv) do
     local a
@@ -408,8 +520,7 @@ end
 -- Dispatch checks in order; returns 'admit', or 'reject' + reason, or 'defer' + reason
 -- + optional wake time + optional token bucket scope to hold. Nothing is consumed here.
 local function dispatch_check(w, lp, lw, lv)
-  local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
-  local sx = scope(key_x(w.prov, w.pid))
+  local sp, sw, sv, sx = scopes_of(w.pid, w.prov)
   if sp.a >= lp.c or sw.a >= lw.c or sv.a >= lv.c then return 'defer', 'concurrency' end
   if lw.sh ~= nil and sp.a >= max(1, floor(lw.sh * lw.c)) then return 'defer', 'concurrency' end
   if lv.sh ~= nil and sx.a >= max(1, floor(lv.sh * lv.c)) then return 'defer', 'concurrency' end
@@ -472,8 +583,7 @@ end
 
 -- Share caps and queue lengths, for a request that must wait.
 local function queue_full(w, lp, lw, lv)
-  local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
-  local sx = scope(key_x(w.prov, w.pid))
+  local sp, sw, sv, sx = scopes_of(w.pid, w.prov)
   if lp.ql ~= nil and sp.q >= lp.ql then return true end
   if lw.ql ~= nil and sw.q >= lw.ql then return true end
   if lv.ql ~= nil and sv.q >= lv.ql then return true end
@@ -510,8 +620,7 @@ local function release_holds(w)
 end
 
 local function admit(w, lp, lw, lv, offered)
-  local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
-  local sx = scope(key_x(w.prov, w.pid))
+  local sp, sw, sv, sx = scopes_of(w.pid, w.prov)
   sp.a = sp.a + 1
   sw.a = sw.a + 1
   sv.a = sv.a + 1
@@ -555,6 +664,9 @@ local function admit(w, lp, lw, lv, offered)
     -- Granted to a waiter: its process takes it (take) or it lapses back to the pool.
     lease.off = NOW + GRANT_TTL
     redis.call('ZADD', OFFERS, string.format('%.17g', lease.off), w.id)
+    -- Marks that grants may be pending, so a release looks at them (see needs_pump).
+    sw.ox = 1
+    touch(sw)
   end
   redis.call('HSET', LEASES, w.id, cjson.encode(lease))
   -- A waiter's process was registered here when it queued; the caller registers on its first
@@ -575,8 +687,7 @@ local function dequeue(w)
     redis.call('LREM', qk, 1, w.id)
   end
   redis.call('HDEL', WAITERS, w.id)
-  local sp, sw, sv = scope(key_p(w.pid)), scope(key_w()), scope(key_v(w.prov))
-  local sx = scope(key_x(w.prov, w.pid))
+  local sp, sw, sv, sx = scopes_of(w.pid, w.prov)
   for _, s in ipairs({sp, sw, sv, sx}) do
     s.q = max(0, s.q - 1)
     touch(s)
@@ -592,11 +703,11 @@ local function notify(proc, message)
 end
 
 -- Give back what a lease holds. `success` is true, false or nil (no outcome).
-local function free_lease(id, lease, success, retry_after, actual_tokens, actual_cost)
-  redis.call('HDEL', LEASES, id)
+-- `gone`, when given, collects the ids to delete from P:{ws}:L (one HDEL for a batch).
+local function free_lease(id, lease, success, retry_after, actual_tokens, actual_cost, gone)
+  if gone then gone[#gone + 1] = id else redis.call('HDEL', LEASES, id) end
   if lease.off ~= nil then redis.call('ZREM', OFFERS, id) end
-  local sp, sw, sv = scope(key_p(lease.pid)), scope(key_w()), scope(key_v(lease.prov))
-  local sx = scope(key_x(lease.prov, lease.pid))
+  local sp, sw, sv, sx = scopes_of(lease.pid, lease.prov)
   for _, s in ipairs({sp, sw, sv, sx}) do
     s.a = max(0, s.a - 1)
     touch(s)
@@ -671,8 +782,14 @@ end
 -- Grants not taken in time go back to the pool (their process lost the message, or no longer
 -- has the waiter). Returns when the next pending grant lapses, or nil.
 local function lapse_grants()
+  local sw = scope(key_w())
+  if sw.ox == nil then return nil end
   local first = redis.call('ZRANGE', OFFERS, 0, 0, 'WITHSCORES')
-  if #first == 0 then return nil end
+  if #first == 0 then
+    sw.ox = nil
+    touch(sw)
+    return nil
+  end
   if tonumber(first[2]) > NOW then return tonumber(first[2]) end
   local due = redis.call('ZRANGEBYSCORE', OFFERS, '-inf', string.format('%.17g', NOW), 'LIMIT', 0, 256)
   for _, id in ipairs(due) do
@@ -684,7 +801,11 @@ local function lapse_grants()
     redis.call('ZREM', OFFERS, id)
   end
   first = redis.call('ZRANGE', OFFERS, 0, 0, 'WITHSCORES')
-  if #first == 0 then return nil end
+  if #first == 0 then
+    sw.ox = nil
+    touch(sw)
+    return nil
+  end
   return tonumber(first[2])
 end
 
@@ -794,6 +915,66 @@ local function pump()
   return wake
 end
 
+-- Whether a permit given back may serve someone now: a waiter is queued or a grant is pending.
+-- Otherwise a release touches no queue machinery at all.
+local function needs_pump()
+  local sw = scope(key_w())
+  return sw.q > 0 or sw.ox ~= nil
+end
+
+-- Give back `n` leases whose arguments start at ARGV[at], five each: lease id, success ('1',
+-- '0' or ''), retry-after ms, actual tokens, actual cost (each '' when absent). Returns one
+-- entry per lease: {st = 'released' | 'gone', tr = transitions it caused}.
+local function release_many(at, n)
+  local out = {}
+  if n == 0 then return out end
+  local ids = {}
+  for i = 0, n - 1 do ids[#ids + 1] = ARGV[at + 5 * i] end
+  local raws = redis.call('HMGET', LEASES, unpack(ids))
+  local leases, fields, names, seen = {}, {}, {}, {}
+  for i = 1, n do
+    local raw = raws[i]
+    if raw then
+      local lease = cjson.decode(raw)
+      leases[i] = lease
+      local f = 'V:' .. lease.prov
+      if not seen[f] then
+        seen[f] = true
+        fields[#fields + 1] = f
+      end
+      names[#names + 1] = key_p(lease.pid)
+      names[#names + 1] = key_v(lease.prov)
+      names[#names + 1] = key_x(lease.prov, lease.pid)
+    end
+  end
+  if #fields > 0 then
+    preload(unpack(fields))
+    names[#names + 1] = 'W'
+    load_scopes(names)
+  end
+  local gone, done = {}, {}
+  for i = 1, n do
+    local lease = leases[i]
+    if lease == nil or done[ids[i]] then
+      out[i] = {st = 'gone'}
+    else
+      local base = at + 5 * (i - 1)
+      local success = nil
+      if ARGV[base + 1] == '1' then success = true elseif ARGV[base + 1] == '0' then success = false end
+      RESULT_TRANSITIONS = {}
+      free_lease(ids[i], lease, success, tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
+        tonumber(ARGV[base + 4]), gone)
+      done[ids[i]] = true
+      local entry = {st = 'released'}
+      if #RESULT_TRANSITIONS > 0 then entry.tr = RESULT_TRANSITIONS end
+      RESULT_TRANSITIONS = {}
+      out[i] = entry
+    end
+  end
+  if #gone > 0 then redis.call('HDEL', LEASES, unpack(gone)) end
+  return out
+end
+
 -- Everything a dead process held in one workspace goes back; its waiters leave their lanes.
 local function reclaim_in_ws(dead)
   local leases = redis.call('HGETALL', LEASES)
@@ -839,5 +1020,5 @@ local function open_ws(check_ready)
   if check_ready and NOW < ready then
     return reply({st = 'recovering', ep = epoch, wait = ready - NOW})
   end
-  return nil, epoch
+  return nil, epoch, ready
 end

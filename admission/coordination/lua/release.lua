@@ -1,19 +1,9 @@
--- Give a lease back. ARGV from 9: lease id, success ('1', '0' or ''), retry-after ms, actual
--- tokens, actual cost (each '' when absent).
+-- Give leases back. ARGV from 9: the number of leases, then five arguments each (lease id,
+-- success '1', '0' or '', retry-after ms, actual tokens, actual cost; '' when absent). A
+-- permit given back serves the queue at once; with nobody queued and no grant pending, no
+-- queue machinery is touched.
 local done, epoch = open_ws(false)
 if done then return done end
-local id = ARGV[9]
-local raw = redis.call('HGET', LEASES, id)
-if not raw then return reply({st = 'gone', ep = epoch}) end
-local lease = cjson.decode(raw)
-preload('W', 'P:' .. lease.pid, 'V:' .. lease.prov, 'rsv')
-local success = nil
-if ARGV[10] == '1' then success = true elseif ARGV[10] == '0' then success = false end
-RESULT_TRANSITIONS = {}
-free_lease(id, lease, success, tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]))
-local mine = RESULT_TRANSITIONS
-RESULT_TRANSITIONS = {}
-pump()
-local out = {st = 'released', ep = epoch}
-if #mine > 0 then out.tr = mine end
+local out = {st = 'released', ep = epoch, rel = release_many(10, tonumber(ARGV[9]) or 0)}
+if needs_pump() then pump() end
 return reply(out)

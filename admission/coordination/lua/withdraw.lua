@@ -5,6 +5,12 @@ if done then return done end
 local id = ARGV[9]
 -- A copy of the request's acquire still on its way (sent before a lost answer) takes nothing.
 redis.call('SET', BASE .. 't:' .. id, '1', 'PX', PROC_TTL)
+-- Acquires look for tombstones only while one may live.
+local sw = scope(key_w())
+if (sw.tb or 0) < NOW + PROC_TTL then
+  sw.tb = NOW + PROC_TTL
+  touch(sw)
+end
 local w = waiter(id)
 if w ~= nil then
   dequeue(w)

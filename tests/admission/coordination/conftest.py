@@ -21,6 +21,7 @@ import redis
 
 from admission.coordination import CoordinationSettings, RedisCoordinator
 from admission.coordination.clients import SyncClient, sync_client
+from admission.coordination.protocol import parse_scope
 from admission.core import AdmissionRegistry, AdmissionRequest, Estimate, Profile
 from tests.private_services import PrivateRedis, PrivateRedisCluster
 
@@ -133,7 +134,13 @@ class Deployment:
         return f"{self.prefix}:{{{workspace}}}:{suffix}"
 
     def scope(self, suffix: str) -> dict[str, str]:
-        return self.client.hgetall(self.key(f"s:{suffix}"))
+        """One scope's stored state (`P`, `W`, `V:<provider>`, `X:<len>:<provider><principal>`),
+        as field -> value."""
+        return parse_scope(self.client.hget(self.key("s"), suffix))
+
+    def scopes(self) -> dict[str, dict[str, str]]:
+        """Every stored scope of the workspace."""
+        return {name: parse_scope(raw) for name, raw in self.client.hgetall(self.key("s")).items()}
 
     def active(self, suffix: str) -> int:
         return int(self.scope(suffix).get("a", 0))

@@ -435,7 +435,8 @@ def test_idle_state_expires_and_nothing_grows(deployment: Deployment) -> None:
             ttl = client.pttl(key)
             assert 0 < ttl <= 7_200_000, (key, ttl)
         await until(
-            lambda: not [k for k in deployment.stored_keys() if ":b:" in k or ":s:" in k], timeout=5
+            lambda: not [k for k in deployment.stored_keys() if ":b:" in k or k.endswith("}:s")],
+            timeout=5,
         )
 
     run(deployment, scenario)
@@ -452,6 +453,8 @@ def test_operators_read_the_shared_state_without_a_loop(deployment: Deployment) 
         await until(lambda: deployment.queued("V:llm") == 1)
         with pytest.raises(AdmissionRejected):
             await process.controller().acquire(request("bob", budget="b2"))
+        # Decisions are counted in the process and reported with the heartbeat or on settling.
+        await settle(deployment)
         state = process.coordinator.state_sync(WORKSPACE, minutes=5)
         assert state["rev"] == "v1"
         assert state["providers"]["llm"]["a"] == 1 and state["providers"]["llm"]["q"] == 1

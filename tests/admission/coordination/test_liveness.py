@@ -211,7 +211,7 @@ class StallingRedis(RuleBasedStateMachine):
         assert len(leases) <= CEILING, leases
         active = Counter(lease["pid"] for lease in leases.values())
         for principal in ("alice", "bob"):
-            scope = self.redis.hgetall(self.deployment.key(f"s:P:{principal}"))
+            scope = self.deployment.scope(f"P:{principal}")
             queued = sum(1 for w in waiters.values() if w["pid"] == principal)
             assert int(scope.get("a", 0)) == active[principal], (principal, scope, leases)
             assert int(scope.get("q", 0)) == queued, (principal, scope, waiters)
@@ -236,7 +236,7 @@ class StallingRedis(RuleBasedStateMachine):
                 assert time.monotonic() - started < BOUND_S, (self.stored("L"), self.stored("W"))
                 self.spin(0.02)
             for principal in ("alice", "bob"):
-                scope = self.redis.hgetall(self.deployment.key(f"s:P:{principal}"))
+                scope = self.deployment.scope(f"P:{principal}")
                 assert int(scope.get("a", 0)) == 0 and int(scope.get("q", 0)) == 0
         finally:
             try:

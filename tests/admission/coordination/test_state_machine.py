@@ -121,11 +121,10 @@ class CoordinatedAdmission(RuleBasedStateMachine):
 
     def consumable_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {}
+        for name, fields in self.deployment.scopes().items():
+            state[f"s:{name}"] = {f: fields[f] for f in ("a", "rl", "tl", "h", "bs") if f in fields}
         for key in self.deployment.stored_keys():
-            if ":s:" in key:
-                fields = self.redis.hgetall(key)
-                state[key] = {f: fields[f] for f in ("a", "rl", "tl", "h", "bs") if f in fields}
-            elif ":b:" in key:
+            if ":b:" in key:
                 state[key] = self.redis.hgetall(key)
         return state
 
@@ -246,7 +245,7 @@ class CoordinatedAdmission(RuleBasedStateMachine):
             item["proc"] not in live_procs for item in waiters.values()
         )
         for scope in set(active) | set(queued) | self.stored_scopes():
-            stored = self.redis.hgetall(self.deployment.key(f"s:{scope}"))
+            stored = self.deployment.scope(scope)
             # Counters are exactly what is held: nothing leaked, nothing lost.
             assert int(stored.get("a", 0)) == active[scope], (scope, stored, active[scope])
             assert int(stored.get("q", 0)) == queued[scope], (scope, stored, queued[scope])
@@ -288,8 +287,7 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         return [f"P:{pid}", "W", f"V:{prov}", f"X:{len(prov)}:{prov}{pid}"]
 
     def stored_scopes(self) -> set[str]:
-        marker = self.deployment.key("s:")
-        return {k[len(marker) :] for k in self.deployment.stored_keys() if k.startswith(marker)}
+        return set(self.deployment.scopes())
 
     def teardown(self) -> None:
         for _index, _task, signal in self.waiting:
