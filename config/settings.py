@@ -330,7 +330,7 @@ SLUICE_ADMISSION_ON_REDIS_FAILURE = env_choice(
 SLUICE_ADMISSION_EXPECTED_WORKERS = env_int("SLUICE_ADMISSION_EXPECTED_WORKERS", 1, minimum=1)
 SLUICE_ADMISSION_BUDGET_TTL_MS = env_int("SLUICE_ADMISSION_BUDGET_TTL_MS", 86_400_000, minimum=1)
 SLUICE_ADMISSION_IDLE_TTL_MS = env_int("SLUICE_ADMISSION_IDLE_TTL_MS", 3_600_000, minimum=1)
-# How long hourly usage aggregates (evaluator/services/usage.py) are kept, in days:
+# How long usage aggregates (evaluator/services/usage.py), hourly and daily, are kept: whole days.
 SLUICE_USAGE_RETENTION_DAYS = env_int("SLUICE_USAGE_RETENTION_DAYS", 90, minimum=1)
 # With admission kept in one process, how often its worker publishes live figures for the
 # admin's Live admission page and /metrics (admission/runtime/live.py):

@@ -8,6 +8,7 @@ __all__ = [
     "REASONS",
     "RETRYABLE_REASONS",
     "AdmissionRejected",
+    "InvalidFieldError",
     "InvalidProfileError",
     "ProfileConflictError",
     "ServiceError",
@@ -82,15 +83,10 @@ class ServiceError(Exception):
         return text
 
 
-class InvalidProfileError(ServiceError, ValueError):
-    """A profile document (or a part of it) breaks the rules of docs/admission-core.md.
+class InvalidFieldError(ServiceError, ValueError):
+    """A document breaks a rule at one field: ``field`` is its dotted path, ``problem`` what is
+    wrong; its text is ``field: problem``."""
 
-    ``field`` is the dotted path of the offending field, for example
-    ``providers.jev.circuitBreaker.failureThreshold`` or ``principals[2].limits.concurrency``;
-    every interface takes the profile as its ``document``.
-    """
-
-    document = "document"
     field: str
 
     def __init__(self, field: str, problem: str) -> None:
@@ -102,6 +98,17 @@ class InvalidProfileError(ServiceError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.field}: {self.problem}"
+
+
+class InvalidProfileError(InvalidFieldError):
+    """A profile document (or a part of it) breaks the rules of docs/admission-core.md.
+
+    ``field`` is the dotted path of the offending field, for example
+    ``providers.jev.circuitBreaker.failureThreshold`` or ``principals[2].limits.concurrency``;
+    every interface takes the profile as its ``document``.
+    """
+
+    document = "document"
 
 
 class ProfileConflictError(Exception):

@@ -155,7 +155,8 @@ def reset_registry(factory: Callable[[], AdmissionRegistry] | None = None) -> No
         _registry = None
         _applied.clear()
         _canaries.clear()
-        _retired.clear()
+        _spaces.clear()
+        _runs_by_workspace.clear()
         if factory is not None:
             _registry_factory = factory
 
@@ -220,11 +221,61 @@ def register_activation(version: ProfileVersion) -> CoreChangeRecord | None:
         return captured[-1] if captured else None
 
 
-def registry_for_run(plan: RunPlan) -> AdmissionRegistry:
+class RunHold:
+    """What one run of this process uses among the canary and shadow key spaces; `release` it
+    when the run ends (the runner does), so a replaced key space closes after its last run."""
+
+    __slots__ = ("_canary", "_released", "_workspace")
+
+    def __init__(self, workspace_key: str, canary: _KeySpace | None) -> None:
+        self._workspace = workspace_key
+        self._canary = canary
+        self._released = False
+
+    def release(self) -> None:
+        with _lock:
+            if self._released:
+                return
+            self._released = True
+            if self._canary is None:
+                _runs_by_workspace.get(self._workspace, set()).discard(self)
+            for space in list(_spaces.values()):
+                if self in space.users:
+                    space.users.discard(self)
+                    if space.retired and not space.users:
+                        _close(space)
+
+
+@dataclasses.dataclass(eq=False)
+class _KeySpace:
+    """A canary's or a shadow's registry in this process (its own key space in Redis with
+    deployment-wide admission), and the runs that may still use it."""
+
+    name: str
+    # An AdmissionRegistry (a shadow's host is typed by the core as what hosts controllers).
+    registry: Any
+    users: set[RunHold] = dataclasses.field(default_factory=set)
+    retired: bool = False
+
+
+# Open key spaces, by the id of their registry.
+_spaces: dict[int, _KeySpace] = {}
+# Runs of each workspace in flight here that admit through the process registry (so through its
+# shadow, whichever is current while they run).
+_runs_by_workspace: dict[str, set[RunHold]] = {}
+
+
+def registry_for_run(plan: RunPlan) -> tuple[AdmissionRegistry, RunHold]:
     """Bring this process's shadow of the plan's workspace in line with `plan` and return the
-    registry the run admits through: for a canary run, one whose controllers admit under the
-    canary version's limits and also take the active version's shared pools
-    (`admission.runtime.canary`), else the process registry.
+    registry the run admits through, with the run's hold on the key spaces it uses: for a
+    canary run, a registry whose controllers admit under the canary version's limits and also
+    take the active version's shared pools (`admission.runtime.canary`), else the process
+    registry. Release the hold when the run ends.
+
+    A canary's or shadow's registry that is replaced stays open while a run may still use it
+    and closes when the last such run ends: a canary's, when the last run admitted through it
+    ends; a shadow's, when the last run of its workspace in flight at the replacement ends
+    (their requests were mirrored into it).
 
     Call with the evaluation loop frozen: shadows and registries belong to that loop.
     """
@@ -235,39 +286,57 @@ def registry_for_run(plan: RunPlan) -> AdmissionRegistry:
         wanted = plan.shadow
         if wanted is None or wanted.version is None:
             if running is not None:
-                _retire(registry.stop_shadow(key))
+                _retire(key, registry.stop_shadow(key))
         elif running is None or running.session != wanted.pk:
             profile = profile_from_version(wanted.version)
             shared = _shared_registry("shadow", wanted.pk, registry)
             if shared is not None:
                 # Every process registers the shadow's profile at its start row's position.
                 shared.register(profile, sequence=wanted.pk)
-            _retire(running)
-            registry.start_shadow(profile, session=wanted.pk, registry=shared)
+            _retire(key, running)
+            started = registry.start_shadow(profile, session=wanted.pk, registry=shared)
+            _open(f"shadow:{wanted.pk}", started._registry)
         canary = plan.canary
         if canary is None or canary.version is None:
-            _retire(_canaries.pop(key, None))
-            return registry
+            _retire(key, _canaries.pop(key, None))
+            return registry, _hold(key, None)
         cached = _canaries.get(key)
         if cached is None or cached[0] != canary.pk:
-            _retire(cached)
+            _retire(key, cached)
             own = _shared_registry("canary", canary.pk, registry) or AdmissionRegistry(
                 clock=registry.clock
             )
             # Every process registers the canary's profile at the same position: its start row.
             own.register(profile_from_version(canary.version), sequence=canary.pk)
             cached = _canaries[key] = (canary.pk, own)
+            _open(f"canary:{canary.pk}", own)
             for hook in list(_canary_hooks):
                 hook(own)
         if not plan.on_canary:
-            return registry
-        return cast(AdmissionRegistry, CanaryRegistry(cached[1], registry))
+            return registry, _hold(key, None)
+        return cast(AdmissionRegistry, CanaryRegistry(cached[1], registry)), _hold(
+            key, _spaces[id(cached[1])]
+        )
 
 
-# Canary and shadow registries replaced in this process, kept open for their runs still in
-# flight; the oldest are closed beyond this many.
-_RETIRED_KEPT = 4
-_retired: list[Any] = []
+def open_key_spaces() -> list[str]:
+    """The canary and shadow key spaces this process holds open (`canary:<id>`,
+    `shadow:<id>`), current or kept for runs still using them."""
+    with _lock:
+        return sorted(space.name for space in _spaces.values())
+
+
+def _open(name: str, registry: Any) -> None:
+    _spaces[id(registry)] = _KeySpace(name, registry)
+
+
+def _hold(workspace_key: str, canary: _KeySpace | None) -> RunHold:
+    hold = RunHold(workspace_key, canary)
+    if canary is not None:
+        canary.users.add(hold)
+    else:
+        _runs_by_workspace.setdefault(workspace_key, set()).add(hold)
+    return hold
 
 
 def _shared_registry(kind: str, pk: int, registry: AdmissionRegistry) -> AdmissionRegistry | None:
@@ -285,17 +354,30 @@ def _shared_registry(kind: str, pk: int, registry: AdmissionRegistry) -> Admissi
     return shared
 
 
-def _retire(held: Any) -> None:
-    """Keep a replaced canary (start row, registry) or shadow for its runs still in flight,
-    and close the coordinators of the oldest ones."""
+def _retire(workspace_key: str, held: Any) -> None:
+    """A canary (start row, registry) or shadow of `workspace_key` was replaced: close its key
+    space now if no run may use it any more, else when the last one ends."""
     if held is None:
         return
-    _retired.append(held[1] if isinstance(held, tuple) else held._registry)
-    while len(_retired) > _RETIRED_KEPT:
-        coordinator = getattr(_retired.pop(0), "_sluice_coordinator", None)
-        loop = getattr(coordinator, "_loop", None)
-        if coordinator is not None and loop is not None and not loop.is_closed():
-            asyncio.run_coroutine_threadsafe(coordinator.aclose(), loop)
+    registry = held[1] if isinstance(held, tuple) else held._registry
+    space = _spaces.get(id(registry))
+    if space is None:
+        return
+    space.retired = True
+    if not isinstance(held, tuple):
+        # Every run of the workspace in flight may have requests mirrored into the shadow.
+        space.users |= _runs_by_workspace.get(workspace_key, set())
+    if not space.users:
+        _close(space)
+
+
+def _close(space: _KeySpace) -> None:
+    """Forget a key space and close its coordinator (on the loop it runs on)."""
+    _spaces.pop(id(space.registry), None)
+    coordinator = getattr(space.registry, "_sluice_coordinator", None)
+    loop = getattr(coordinator, "_loop", None)
+    if coordinator is not None and loop is not None and not loop.is_closed():
+        asyncio.run_coroutine_threadsafe(coordinator.aclose(), loop)
 
 
 def mark_applied(workspace_key: str, change_record_id: int) -> None:

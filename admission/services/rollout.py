@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
@@ -68,6 +68,7 @@ __all__ = [
     "parallel_scheduling_allowed",
     "parallel_scheduling_set",
     "rollout_events",
+    "run_boundary_hold",
     "run_plan",
     "shadow_comparison",
     "shadow_current",
@@ -145,6 +146,23 @@ def canary_routes(canary: RolloutEvent, *, principal_id: str, invocation_id: str
     return canary.fraction is not None and fraction_hit(
         f"{canary.pk}:{invocation_id}", canary.fraction
     )
+
+
+def run_boundary_hold(*, workspace: Workspace) -> None:
+    """Hold what a run of `workspace` starts under still until the caller's transaction ends.
+
+    Every change of it (an activation or rollback, a canary started, promoted or abandoned, the
+    kill switch, a shadow) locks the workspace row for update in its transaction; this takes
+    the row for share, so a run boundary read in the same transaction sees each such change
+    wholly before or wholly after, and boundaries do not wait for each other. SQLite serializes
+    write transactions itself (`transaction_mode=IMMEDIATE`).
+    """
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT 1 FROM {Workspace._meta.db_table} WHERE id = %s FOR SHARE",
+                [workspace.pk],
+            )
 
 
 def run_plan(

@@ -10,16 +10,14 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
-from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from admission import access
-from console.admin.kit import REFUSALS, admin_page, form_refusal, report_refusal
+from console.admin.kit import REFUSALS, FormPage, create_page, report_refusal
 from console.admin.profiles import (
     WORKSPACE_FILTER,
     NoEditAdminMixin,
@@ -36,6 +34,25 @@ from evaluator.services import cancellation, load_runs
 from evaluator.services import runs as services
 
 RUN_FORM = "admin/evaluator/run_form.html"
+SUBMIT_PAGE = FormPage(
+    RUN_FORM,
+    "Submit an evaluation",
+    {
+        "submit_label": "Submit evaluation",
+        "intro": "You are the principal; limits come from the workspace's active profile.",
+    },
+    # A refusal names a field of the request document the form's `document` holds.
+    document="document",
+)
+START_PAGE = FormPage(
+    RUN_FORM,
+    "Start a load run",
+    {
+        "submit_label": "Start load run",
+        "intro": "The manifest's arrivals are released on virtual time; the record is "
+        "digest-bound and shown here when the worker finishes.",
+    },
+)
 
 
 def _table(headers: tuple[str, ...], rows: Any) -> SafeString | str:
@@ -270,37 +287,14 @@ class EvaluationRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAd
         self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """Submit an evaluation as the signed-in operator, through the submit service."""
-        if not self.has_add_permission(request):
-            raise PermissionDenied
-        if request.method == "POST":
-            form = EvaluationSubmitForm(request.POST, user=request.user)
-            if form.is_valid():
-                try:
-                    run, _ = services.evaluation_run_submit(
-                        form.cleaned_data["workspace"], request.user, form.cleaned_data["document"]
-                    )
-                except REFUSALS as error:
-                    form_refusal(form, error, document="document")
-                else:
-                    self.message_user(
-                        request,
-                        f"Submitted evaluation {run.pk}; a worker runs it.",
-                        messages.SUCCESS,
-                    )
-                    return HttpResponseRedirect(
-                        reverse("admin:evaluator_evaluationrun_change", args=[run.pk])
-                    )
-        else:
-            form = EvaluationSubmitForm(user=request.user)
-        return admin_page(
-            self,
-            request,
-            RUN_FORM,
-            title="Submit an evaluation",
-            form=form,
-            submit_label="Submit evaluation",
-            intro="You are the principal; limits come from the workspace's active profile.",
-        )
+
+        def submit(form: Any) -> tuple[EvaluationRun, str]:
+            run, _ = services.evaluation_run_submit(
+                form.cleaned_data["workspace"], request.user, form.cleaned_data["document"]
+            )
+            return run, f"Submitted evaluation {run.pk}; a worker runs it."
+
+        return create_page(self, request, EvaluationSubmitForm, submit, SUBMIT_PAGE)
 
 
 @admin.register(LoadRun)
@@ -391,37 +385,17 @@ class LoadRunAdmin(WorkspaceScopedAdminMixin, RunAdminMixin, admin.ModelAdmin):
         self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
         """Start a load run: pick a preregistered manifest and a target; a worker runs it."""
-        if not self.has_add_permission(request):
-            raise PermissionDenied
-        if request.method == "POST":
-            form = LoadRunStartForm(request.POST, user=request.user)
-            if form.is_valid():
-                try:
-                    run = services.load_run_submit(
-                        form.cleaned_data["workspace"],
-                        request.user,
-                        form.cleaned_data["manifest"],
-                        form.cleaned_data["target"],
-                    )
-                except REFUSALS as error:
-                    form_refusal(form, error)
-                else:
-                    self.message_user(request, f"Started {run}.", messages.SUCCESS)
-                    return HttpResponseRedirect(
-                        reverse("admin:evaluator_loadrun_change", args=[run.pk])
-                    )
-        else:
-            form = LoadRunStartForm(user=request.user)
-        return admin_page(
-            self,
-            request,
-            RUN_FORM,
-            title="Start a load run",
-            form=form,
-            submit_label="Start load run",
-            intro="The manifest's arrivals are released on virtual time; the record is "
-            "digest-bound and shown here when the worker finishes.",
-        )
+
+        def start(form: Any) -> tuple[LoadRun, str]:
+            run = services.load_run_submit(
+                form.cleaned_data["workspace"],
+                request.user,
+                form.cleaned_data["manifest"],
+                form.cleaned_data["target"],
+            )
+            return run, f"Started {run}."
+
+        return create_page(self, request, LoadRunStartForm, start, START_PAGE)
 
     @admin.action(description="Run the selected manifests and targets again", permissions=["add"])
     def run_again(self, request: HttpRequest, queryset: QuerySet[LoadRun]) -> None:

@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.utils.http import urlencode
 
 from admission import access
+from console.admin.kit import refusal_text
 from console.charts.svg import Bar, Series, SvgMarkup, bar_chart, line_chart
 from evaluator.services import usage
 
@@ -104,7 +105,7 @@ def usage_view(request: HttpRequest) -> HttpResponse:
         start, end, preset = usage.usage_range_from(request.GET)
     except usage.UsageRangeError as error:
         start, end, preset = usage.usage_range()
-        context["range_error"] = f"{error.field}: {error}"
+        context["range_error"] = refusal_text(error)
     context.update(start=start, end=end, preset=preset)
     if workspace is not None:
         rows = usage.usage_rows(workspace, start, end, provider=context["provider"] or None)

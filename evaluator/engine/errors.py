@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from admission.core.errors import ServiceError
+from admission.core.errors import InvalidFieldError
 
 __all__ = ["InvalidDefinitionError", "ReceiptConflictError"]
 
 
-class InvalidDefinitionError(ServiceError, ValueError):
+class InvalidDefinitionError(InvalidFieldError):
     """A ruleset, request or referenced profile is malformed; nothing was dispatched.
 
     ``reason`` is always ``"invalid-definition"``; ``field`` is the dotted path of the offending
@@ -15,17 +15,6 @@ class InvalidDefinitionError(ServiceError, ValueError):
     """
 
     reason = "invalid-definition"
-    field: str
-
-    def __init__(self, field: str, problem: str) -> None:
-        # As the core's `InvalidProfileError`: both parts in args, so it survives pickling.
-        Exception.__init__(self, field, problem)
-        self.message = problem
-        self.field = field
-        self.problem = problem
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.problem}"
 
 
 class ReceiptConflictError(RuntimeError):

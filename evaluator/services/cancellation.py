@@ -15,6 +15,7 @@ anybody's.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
@@ -29,6 +30,7 @@ from evaluator.services.errors import RunServiceError
 __all__ = [
     "RunAlreadyFinished",
     "RunCancelNotAllowed",
+    "cancel_request_save",
     "evaluation_run_cancel",
     "may_cancel",
 ]
@@ -84,18 +86,7 @@ def evaluation_run_cancel(run: EvaluationRun, user: Any) -> EvaluationRun:
             raise RunAlreadyFinished(
                 f"the run already ended ({locked.status})", status=locked.status
             )
-        now = server_clock.now()
-        fields = ["updated_at"]
-        if locked.cancel_requested_at is None:
-            locked.cancel_requested_at = now
-            locked.cancel_requested_by = user
-            fields += ["cancel_requested_at", "cancel_requested_by"]
-        if locked.status == EvaluationRun.Status.QUEUED:
-            locked.result, locked.attempts = _cancelled_before_start(locked)
-            locked.status = EvaluationRun.Status.CANCELLED
-            locked.finished_at = now
-            fields += ["result", "attempts", "status", "finished_at"]
-        locked.save(update_fields=fields)
+        cancel_request_save(locked, user, before_start=_end_before_start)
     logger.info(
         "evaluation run %s: cancel requested by %s (now %s)",
         locked.pk,
@@ -103,6 +94,32 @@ def evaluation_run_cancel(run: EvaluationRun, user: Any) -> EvaluationRun:
         locked.status,
     )
     return locked
+
+
+def cancel_request_save(
+    locked: Any, user: Any, *, before_start: Callable[[Any], list[str]] | None = None
+) -> None:
+    """Record `user`'s cancel on `locked` (a run of either kind, locked for update and not
+    finished) and save it: the first request is the one kept; a queued run ends `cancelled` now,
+    after `before_start` wrote what else such a run keeps (it returns the fields it set)."""
+    now = server_clock.now()
+    fields = ["updated_at"]
+    if locked.cancel_requested_at is None:
+        locked.cancel_requested_at = now
+        locked.cancel_requested_by = user
+        fields += ["cancel_requested_at", "cancel_requested_by"]
+    if locked.status == type(locked).Status.QUEUED:
+        if before_start is not None:
+            fields += before_start(locked)
+        locked.status = type(locked).Status.CANCELLED
+        locked.finished_at = now
+        fields += ["status", "finished_at"]
+    locked.save(update_fields=fields)
+
+
+def _end_before_start(run: EvaluationRun) -> list[str]:
+    run.result, run.attempts = _cancelled_before_start(run)
+    return ["result", "attempts"]
 
 
 def _decision_ids(run: EvaluationRun) -> list[str]:

@@ -30,7 +30,11 @@ from evaluator.harness.errors import LoadHarnessError
 from evaluator.harness.records import TARGET_STAGED
 from evaluator.models import LoadRun
 from evaluator.services import server_clock
-from evaluator.services.cancellation import RunAlreadyFinished, RunCancelNotAllowed
+from evaluator.services.cancellation import (
+    RunAlreadyFinished,
+    RunCancelNotAllowed,
+    cancel_request_save,
+)
 
 __all__ = [
     "INTERRUPTED",
@@ -290,17 +294,7 @@ def load_run_cancel(run: LoadRun, user: Any) -> LoadRun:
             raise RunAlreadyFinished(
                 f"the load run already ended ({locked.status})", status=locked.status
             )
-        now = server_clock.now()
-        fields = ["updated_at"]
-        if locked.cancel_requested_at is None:
-            locked.cancel_requested_at = now
-            locked.cancel_requested_by = user
-            fields += ["cancel_requested_at", "cancel_requested_by"]
-        if locked.status == LoadRun.Status.QUEUED:
-            locked.status = LoadRun.Status.CANCELLED
-            locked.finished_at = now
-            fields += ["status", "finished_at"]
-        locked.save(update_fields=fields)
+        cancel_request_save(locked, user)
     logger.info(
         "load run %s: cancel requested by %s (now %s)",
         locked.pk,

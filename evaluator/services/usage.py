@@ -31,6 +31,7 @@ from django.db import connection, transaction
 from django.db.models import F, Max, QuerySet, Sum
 from django.utils import timezone
 
+from admission.core import ServiceError
 from admission.models import Workspace
 from evaluator.models import EvaluationRun, UsageDay, UsageFigures, UsageHour
 
@@ -513,12 +514,11 @@ DEFAULT_RANGE = "24h"
 MAX_RANGE = timedelta(days=366)
 
 
-class UsageRangeError(ValueError):
+class UsageRangeError(ServiceError, ValueError):
     """A time range that cannot be read; `field` names the parameter."""
 
     def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
+        super().__init__(message, field=field)
 
 
 def _moment(text: str, field: str, *, end: bool) -> datetime:

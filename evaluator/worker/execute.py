@@ -1,9 +1,10 @@
 """One claimed run on the worker: prepare it, evaluate it on the loop, write what it ended with.
 
-The runner (`evaluator.worker.runner`) calls these in order: `evaluation_run_prepare` (the run's
-request, fresh adapters and its rollout plan, fixed at the run boundary), `evaluate` (on the
-process's event loop, with the database receipt store and the run's cancel signal) and
-`run_complete` (the result and the shadow's observation, only while the claim still holds).
+The runner (`evaluator.worker.runner`) calls these in order: inside `run_boundary`,
+`evaluation_run_prepare` (the run's request, fresh adapters and its rollout plan, fixed at the
+run boundary), then `evaluate` (on the process's event loop, with the database receipt store and
+the run's cancel signal) and `run_complete` (the result and the shadow's observation, only while
+the claim still holds).
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, transaction
 
 from admission.core import AdmissionRegistry
 from admission.rollout.plan import RunPlan
@@ -31,6 +33,7 @@ from evaluator.engine.scheduler import evaluate_decision_ruleset
 from evaluator.engine.telemetry import EvaluatorTelemetry
 from evaluator.models import EvaluationRun
 from evaluator.services import runs as services
+from evaluator.services import server_clock
 from evaluator.worker.cancel_watch import run_cancel_signal
 from evaluator.worker.receipts_db import DatabaseReceiptStore
 
@@ -40,6 +43,7 @@ __all__ = [
     "RunStart",
     "evaluate",
     "evaluation_run_prepare",
+    "run_boundary",
     "run_complete",
     "use_telemetry",
 ]
@@ -79,6 +83,30 @@ class RunStart:
     adapters: dict[str, Any]
     plan: RunPlan
     requested: bool
+    # The profile version the run's registry held at its boundary (None: not read there).
+    profile_version: str | None = None
+
+
+@contextmanager
+def run_boundary(run: EvaluationRun) -> Iterator[None]:
+    """The run boundary of a claimed run, as one transaction: what the caller reads inside it
+    (the registry's catch-up with the ledger, the rollout plan, the profile version) is exactly
+    what stood at the instant its first start is stamped (`startedAt`, the database's clock).
+
+    A change of what runs start under (an activation, a canary promoted...) holds the
+    workspace row for update from before its own time is stamped until it commits; the boundary
+    holds it for share (`rollout.run_boundary_hold`). So a run whose start is stamped before a
+    promotion's time runs the version before it, and one stamped after runs the promoted one,
+    with no window between. A redelivered run keeps its first `startedAt` (and its canary arm
+    and kill-switch setting, `RunBoundary`).
+    """
+    with transaction.atomic():
+        rollout.run_boundary_hold(workspace=run.workspace)
+        yield
+        if run.deliveries == 1:
+            started = server_clock.now()
+            EvaluationRun.objects.filter(pk=run.pk, claim=run.claim).update(started_at=started)
+            run.started_at = started
 
 
 def evaluation_run_prepare(run: EvaluationRun) -> RunStart:

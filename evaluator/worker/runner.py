@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -303,10 +304,6 @@ class Runner:
         if not self._claiming or free <= 0:
             return
         runs = dispatch.runs_claim(self.worker_id, free)
-        if not runs:
-            return
-        # The safety net under the profile listener: a claimed run starts under current limits.
-        refresh.catch_up(self.loop.frozen, source="task-start")
         for index, run in enumerate(runs):
             try:
                 self._start(run)
@@ -377,15 +374,27 @@ class Runner:
 
     def _start(self, run: EvaluationRun) -> None:
         assert run.claim is not None
+        hold: runtime.RunHold | None = None
         try:
-            start = execute.evaluation_run_prepare(run)
+            with execute.run_boundary(run):
+                # A claimed run starts under the limits of this instant (the safety net under
+                # the profile listener), read in the boundary's transaction.
+                refresh.catch_up(self.loop.frozen, source="task-start")
+                start = execute.evaluation_run_prepare(run)
+                with self.loop.frozen():
+                    registry, hold = runtime.registry_for_run(start.plan)
+                    profile = registry.current_profile(run.workspace.key)
         except execute.RunNotStartable as refused:
             services.run_fail(
                 run, refused.error_type, refused.detail, field=refused.field, claim=run.claim
             )
             return
-        with self.loop.frozen():
-            registry = runtime.registry_for_run(start.plan)
+        except BaseException:
+            if hold is not None:
+                hold.release()
+            raise
+        if profile is not None:
+            start = dataclasses.replace(start, profile_version=profile.profile_version)
         held = _Held(token=run.claim)
         with self._lock:
             previous = self._held.get(run.pk)
@@ -400,15 +409,17 @@ class Runner:
             self._execute(run, held, start, SlotFreeingRegistry(self, registry)), self.loop.loop
         )
         held.future = future
-        future.add_done_callback(lambda _: self._ended(run.pk, held))
+        future.add_done_callback(lambda _: self._ended(run.pk, held, hold))
 
-    def _ended(self, run_id: uuid.UUID, held: _Held) -> None:
+    def _ended(self, run_id: uuid.UUID, held: _Held, hold: runtime.RunHold) -> None:
         with self._lock:
             # A run taken away and claimed again by this process is held anew meanwhile.
             if self._held.get(run_id) is held:
                 del self._held[run_id]
         self.counters.finished += 1
         self._wake.set()
+        with contextlib.suppress(RuntimeError):  # the loop is closed: its key spaces with it
+            self.loop.loop.call_soon_threadsafe(_release_after_holds, hold)
 
     # ------------------------------------------------------------------ one run
 
@@ -445,6 +456,9 @@ class Runner:
             detail = f"{type(error).__name__} while evaluating; the worker log has the details"
             await self._retrying(held, fail("internal-error", detail))
         else:
+            if start.profile_version is not None:
+                # The version read at the run boundary, whatever a listener applied since.
+                outcome = dataclasses.replace(outcome, profile_version=start.profile_version)
             await self._retrying(
                 held, lambda: execute.run_complete(run, outcome, start=start, claim=token)
             )
@@ -464,6 +478,18 @@ class Runner:
         released = await self._retrying(held, lambda: dispatch.run_release(run.pk, held.token))
         if released:
             self.counters.given_back += 1
+
+
+def _release_after_holds(hold: runtime.RunHold) -> None:
+    """On the loop: give up a run's hold on its key spaces once no permit of an aborted call
+    on this loop is still held (such a permit may be a lease in a canary's key space, renewed
+    until its call's timeout)."""
+    loop = asyncio.get_running_loop()
+    end = holds.last_hold_end(loop)
+    if end is None or end <= loop.time():
+        hold.release()
+    else:
+        loop.call_at(end, hold.release)
 
 
 async def _hold_left_seconds() -> float:

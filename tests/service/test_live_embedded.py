@@ -122,10 +122,11 @@ print("ok")
 
 
 @pytest.mark.parametrize("mode", ["embedded"])
-def test_a_canarys_decisions_are_in_the_embedded_live_figures(deployment):
+def test_a_canarys_decisions_are_in_the_embedded_live_figures(deployment, chromium_path):
     """Both demo users' runs go to a canary that admits one call at a time: the second run's
     calls wait on the canary's limit (the active version's four permits never make them wait),
-    and those deferrals are in /metrics beside the admissions, each attempt admitted once."""
+    and those deferrals are in /metrics and on Live admission beside the admissions, each
+    attempt admitted once."""
     env = {"SLUICE_METRICS_TOKEN": TOKEN, "SLUICE_ADMISSION_SNAPSHOT_SECONDS": "0.5"}
     with LoopbackServer() as provider:
         provider.default = Reply(content="yes", total_tokens=12, delay=0.3)
@@ -170,3 +171,23 @@ def test_a_canarys_decisions_are_in_the_embedded_live_figures(deployment):
     for _, pairs in found:
         for _, value in pairs:
             assert "demo-" not in value, value
+    deferred = total(found, "sluice_admission_decisions_total", provider="fake", decision="defer")
+
+    # Live admission says the same in the browser.
+    proposer = next(u for u in deployment.demo["users"] if u["username"] == "demo-proposer")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(base_url=deployment.web_url)
+            page.set_default_timeout(20_000)
+            page.goto("/admin/login/")
+            page.fill("#id_username", "demo-proposer")
+            page.fill("#id_password", proposer["password"])
+            page.click("input[type=submit]")
+            page.goto("/admin/admission/live/")
+            cells = page.locator("#workspace-demo tr[data-provider=fake] td")
+            # ..., admitted, deferred, shed
+            expect(cells.nth(7)).to_have_text("8")
+            expect(cells.nth(8)).to_have_text(f"{deferred:.0f}")
+        finally:
+            browser.close()

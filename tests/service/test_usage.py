@@ -47,7 +47,7 @@ def document(decisions: int, text: str, *, parallel: bool = False) -> dict:
     return doc
 
 
-@pytest.mark.parametrize("mode", ["embedded"], indirect=True)
+@pytest.mark.parametrize("mode", ["embedded", "full"], indirect=True)
 def test_usage_aggregates_equal_the_reconciled_actuals(deployment, chromium_path, tmp_path):
     with LoopbackServer() as provider:
         # Slow enough that the proposer's two runs overlap and wait for its permits.

@@ -12,7 +12,6 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import generics
-from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -69,10 +68,7 @@ class _UsageRange(WorkspaceScopedMixin, generics.GenericAPIView):
         return super().perform_content_negotiation(request, force=True)
 
     def rows(self, request: Request, *, hourly: bool = False) -> tuple[Any, Any, Any]:
-        try:
-            start, end, _ = usage.usage_range_from(request.query_params)
-        except usage.UsageRangeError as error:
-            raise ValidationError({error.field: [str(error)]}) from error
+        start, end, _ = usage.usage_range_from(request.query_params)
         select = usage.usage_hours if hourly else usage.usage_rows
         rows = select(
             self.get_workspace(),

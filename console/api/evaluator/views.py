@@ -141,6 +141,26 @@ class EvaluationRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         return Response(self.get_serializer(run).data)
 
 
+def _cancel_schema(
+    tag: str, serializer: type[Any], *, queued: str, running: str, forbidden: str
+) -> Callable[[Any], Any]:
+    """The OpenAPI description of a kind's cancel endpoint: what 200, 202 and 403 mean for it."""
+    return extend_schema(
+        tags=[tag],
+        parameters=[WORKSPACE_KEY, RUN_ID],
+        request=None,
+        responses={
+            200: OpenApiResponse(serializer, description=queued),
+            202: OpenApiResponse(serializer, description=running),
+            403: OpenApiResponse(ErrorSerializer, description=forbidden),
+            404: NOT_FOUND,
+            409: OpenApiResponse(
+                ErrorSerializer, description="`run-finished`: the run already ended."
+            ),
+        },
+    )
+
+
 class RunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
     """Cancel a queued or running run of one kind: 200 with the run cancelled when it was
     queued, 202 with the cancel requested while its worker stops it. Each kind names how a run
@@ -160,26 +180,13 @@ class RunCancelView(WorkspaceScopedMixin, generics.GenericAPIView):
         return Response(self.get_serializer(run).data, status=code)
 
 
-@extend_schema(
-    tags=["evaluations"],
-    parameters=[WORKSPACE_KEY, RUN_ID],
-    request=None,
-    responses={
-        200: OpenApiResponse(
-            EvaluationRunSerializer, description="The run was queued: it is now cancelled."
-        ),
-        202: OpenApiResponse(
-            EvaluationRunSerializer,
-            description="The run is running: the cancel is requested, and the worker ends the "
-            "run `cancelled` within about a second (`cancelRequestedAt` is set).",
-        ),
-        403: OpenApiResponse(
-            ErrorSerializer,
-            description="Members cancel their own runs; operators anybody's.",
-        ),
-        404: NOT_FOUND,
-        409: OpenApiResponse(ErrorSerializer, description="`run-finished`: the run already ended."),
-    },
+@_cancel_schema(
+    "evaluations",
+    EvaluationRunSerializer,
+    queued="The run was queued: it is now cancelled.",
+    running="The run is running: the cancel is requested, and the worker ends the run "
+    "`cancelled` within about a second (`cancelRequestedAt` is set).",
+    forbidden="Members cancel their own runs; operators anybody's.",
 )
 class EvaluationRunCancelView(RunCancelView):
     """Cancel a queued or running evaluation run."""
@@ -261,27 +268,14 @@ class LoadRunDetailView(WorkspaceScopedMixin, generics.GenericAPIView):
         return Response(self.get_serializer(run).data)
 
 
-@extend_schema(
-    tags=["load runs"],
-    parameters=[WORKSPACE_KEY, RUN_ID],
-    request=None,
-    responses={
-        200: OpenApiResponse(
-            LoadRunSerializer, description="The load run was queued: it is now cancelled."
-        ),
-        202: OpenApiResponse(
-            LoadRunSerializer,
-            description="The load run is running: the cancel is requested (`cancelRequestedAt` "
-            "is set) and the worker running it ends it `cancelled` at its next progress report, "
-            "within about a second.",
-        ),
-        403: OpenApiResponse(
-            ErrorSerializer,
-            description="Operators cancel load runs; proposers their own what-if runs.",
-        ),
-        404: NOT_FOUND,
-        409: OpenApiResponse(ErrorSerializer, description="`run-finished`: the run already ended."),
-    },
+@_cancel_schema(
+    "load runs",
+    LoadRunSerializer,
+    queued="The load run was queued: it is now cancelled.",
+    running="The load run is running: the cancel is requested (`cancelRequestedAt` is set) and "
+    "the worker running it ends it `cancelled` at its next progress report, within about a "
+    "second.",
+    forbidden="Operators cancel load runs; proposers their own what-if runs.",
 )
 class LoadRunCancelView(RunCancelView):
     """Cancel a queued or running load run (what-if runs included)."""

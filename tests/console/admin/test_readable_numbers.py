@@ -99,7 +99,7 @@ def superuser(django_user_model, settings):
 
 
 @pytest.fixture
-def pages(workspace, proposer, approver, approved, superuser, client):
+def pages(workspace, proposer, approver, approved, make_document, superuser, client):
     """A workspace with an active version, a shadow and a canary with observations, runs,
     a load run, usage, a receipt and published live figures, all full of long floats."""
     workspace.members.add(superuser, through_defaults={"role": "operator"})
@@ -126,9 +126,18 @@ def pages(workspace, proposer, approver, approved, superuser, client):
     rollout.shadow_stop(workspace=workspace, actor=approver)
     canary = approved("acme-v3", concurrency=2)
     rollout.canary_start(version=canary, actor=approver, fraction=0.3333333333333333)
+    # A proposal with limits of many digits: its page and its limits table against the current.
+    document = make_document("acme-v4")
+    document["workspace"]["maxPrincipalShare"] = 0.3333333333333333
+    document["workspace"]["maxCostUsd"] = 1.0475550912799085
+    document["providers"]["jev"]["tokensPerSecond"] = 12345.678901
+    profile_services.profile_version_propose(
+        workspace=workspace, document=document, proposed_by=proposer
+    )
 
     started = timezone.now() - dt.timedelta(seconds=3.14159265)
     attempt = {
+        "decisionId": "check-1",
         "targetIndex": 0,
         "adapterId": "fake",
         "model": "demo-model",
@@ -142,6 +151,10 @@ def pages(workspace, proposer, approver, approved, superuser, client):
         "tokens": 37,
         "costUsd": TINY,
         "deferredBy": ["concurrency"],
+        "retryAfterMs": 1500.123456789,
+        "permitHeld": {"reason": "cancelled", "untilMs": 2345.678901234},
+        "infrastructureRefusals": {"coordination-unavailable": 3},
+        "infrastructureWaitMs": 4200.56789012,
         "evidence": {
             "decision": "admit",
             "reason": "admitted",
@@ -246,6 +259,8 @@ def admin_urls(workspace) -> list[str]:
         reverse("admission-dashboard"),
         reverse("usage") + "?range=24h",
         reverse("usage") + "?range=7d",
+        reverse("usage") + "?range=30d&provider=fake",
+        reverse("usage") + "?start=2026-01-01&end=2026-01-03",
         reverse("admin:admission_rolloutevent_controls_index"),
         reverse("admin:admission_rolloutevent_controls", args=[workspace.key]),
     ]

@@ -11,12 +11,13 @@ from django import forms
 from admission.core import InvalidProfileError, ServiceError
 from admission.services.profile_problems import InvalidProfileDocument
 from admission.services.profiles import ProfileServiceError
-from console.admin.kit import form_refusal
+from console.admin.kit import form_refusal, refusal_text
 from console.api.errors import exception_handler
 from console.management.refusals import command_error
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.services.cancellation import RunAlreadyFinished
 from evaluator.services.errors import InvalidRunRequest, LoadRunBacklogFull
+from evaluator.services.usage import UsageRangeError
 
 TWO_PROBLEMS = InvalidProfileDocument(
     [
@@ -136,3 +137,12 @@ def test_a_command_reports_every_problem_one_a_line() -> None:
     assert str(command_error(InvalidRunRequest("is required", field="target"))) == (
         "target: is required"
     )
+
+
+def test_an_unreadable_usage_range_names_its_parameter() -> None:
+    error = UsageRangeError("end", "must be after start")
+    assert _answer(error) == (
+        400,
+        {"error": {"type": "invalid", "fields": {"end": ["must be after start"]}}},
+    )
+    assert refusal_text(error) == "end: must be after start"
