@@ -96,6 +96,8 @@ class RedisCoordinator:
         self.epochs: dict[str, str] = {}
         self.live_processes: int | None = None
         self.last_renewal = time.monotonic()
+        # When each workspace's hash slot last answered (on a cluster, shards fail apart).
+        self._renewed: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cluster = is_cluster(settings.url)
         self._client: AsyncClient | None = None
@@ -339,7 +341,7 @@ class RedisCoordinator:
         except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         result: dict[str, Any] = json.loads(raw)
-        self.last_renewal = time.monotonic()
+        self.last_renewal = self._renewed[workspace_id] = time.monotonic()
         if result.get("st") == "epoch":
             await self.resync(workspace_id, str(result["ep"]))
             return await self._call_raw(workspace_id, call)
@@ -556,6 +558,8 @@ class RedisCoordinator:
         except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         self.last_renewal = time.monotonic()
+        for ws in beat.epochs:
+            self._renewed[ws] = self.last_renewal
         return beat.parse(json.loads(raw))
 
     async def _heartbeat_answered(self, result: HeartbeatResult, settled_before: float) -> None:
@@ -588,11 +592,17 @@ class RedisCoordinator:
                 waiter.owner.requeue(waiter)
 
     def _doubt_leases(self) -> None:
-        """Without a renewal for most of the lease TTL, stop the calls those permits cover."""
-        silent_ms = (time.monotonic() - self.last_renewal) * 1000.0
-        if silent_ms < self.settings.lease_ttl_ms * LEASE_DOUBT_SHARE:
-            return
-        self.book.doubt_leases()
+        """Without a renewal for most of the lease TTL, stop the calls those permits cover (on a
+        cluster, per workspace: one shard out of reach leaves the others' permits alone)."""
+        now = time.monotonic()
+        limit_s = self.settings.lease_ttl_ms * LEASE_DOUBT_SHARE / 1000.0
+        silent = {
+            ws
+            for ws in self.book.lease_records()
+            if now - self._renewed.get(ws, self.last_renewal) >= limit_s
+        }
+        if silent:
+            self.book.doubt_leases(silent)
 
     # ------------------------------------------------------------------ grants
 

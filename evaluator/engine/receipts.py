@@ -146,7 +146,7 @@ class InMemoryReceiptStore:
         where = (key.workspace_id, key.invocation_id)
         if where in self._documents:
             raise ReceiptConflictError(key.invocation_id, 0)
-        body, slots = split_slots(document)
+        body, slots = split_slots(copy.deepcopy(dict(document)))
         self._documents[where] = (key.principal_id, body, 1)
         self._slots[where] = slots
         self.writes += 1
@@ -196,7 +196,7 @@ class InMemoryReceiptStore:
             or stored[1]["state"] != RUNNING
         ):
             raise ReceiptConflictError(key.invocation_id, expected_revision)
-        body, _ = split_slots(document)
+        body, _ = split_slots(copy.deepcopy(dict(document)))
         self._documents[where] = (key.principal_id, body, stored[2])
         held = self._slots.setdefault(where, {})
         for k in settled:
@@ -213,11 +213,11 @@ def split_slots(
     document: Mapping[str, Any],
 ) -> tuple[dict[str, Any], dict[SlotKey, dict[str, Any]]]:
     """A v3 document without its slots, and the slots by key (a v2 document keeps its one slot
-    where it is, and has none apart)."""
-    body = copy.deepcopy(dict(document))
-    if body.get("schema") == RECEIPT_SCHEMA_V2:
-        return body, {}
-    slots = body.pop("pendingDispatches", None) or []
+    where it is, and has none apart). Shallow: the parts are the document's own."""
+    if document.get("schema") == RECEIPT_SCHEMA_V2:
+        return dict(document), {}
+    body = {name: value for name, value in document.items() if name != "pendingDispatches"}
+    slots = document.get("pendingDispatches") or []
     return body, {slot_key(slot): slot for slot in slots}
 
 

@@ -99,7 +99,12 @@ class LoopbackServer:
                         server.in_flight -= 1
                         entry["ended"] = time.monotonic()
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(ThreadingHTTPServer):
+            # A provider's listen backlog: socketserver's default of 5 drops connections when a
+            # wave of calls connects at once, and the client retries a second later.
+            request_queue_size = 128
+
+        self._httpd = Server(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True

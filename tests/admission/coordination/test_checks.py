@@ -284,6 +284,10 @@ def test_cancel_and_deadline_take_waiters_out_of_redis(deployment: Deployment) -
     deployment.register(profile(workspace={"concurrency": 1}))
 
     async def scenario() -> None:
+        # The waiting process has made a decision already (its first one also registers it and
+        # installs the profile, which could outlast the short deadline below).
+        (await procs[1].controller().acquire(request(budget="warm"))).release(success=True)
+        await settle(deployment)
         held = await procs[0].controller().acquire(request())
         signal = CancelSignal()
         cancelled = asyncio.ensure_future(procs[1].controller().acquire(request(signal=signal)))
