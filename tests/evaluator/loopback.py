@@ -74,6 +74,8 @@ class LoopbackServer:
                     "headers": dict(self.headers),
                     "body": body,
                     "at": time.monotonic(),
+                    # The client's port: calls on one kept-alive connection share it.
+                    "peer": self.client_address[1],
                 }
                 with server._lock:
                     server.requests.append(entry)
