@@ -586,3 +586,18 @@ def test_closing_never_waits_on_a_write_forever(deployment: Deployment) -> None:
         assert time.monotonic() - started < 3.0
 
     run(deployment, scenario)
+
+
+def test_operators_count_the_live_processes_without_a_loop(deployment: Deployment) -> None:
+    processes = [deployment.process(register=profile()) for _ in range(2)]
+
+    async def scenario() -> None:
+        for process in processes:
+            (await process.controller().acquire(request())).release(success=True)
+        await settle(deployment)
+        assert [p.coordinator.live_processes_sync() for p in processes] == [2, 2]
+        # One stops renewing: it is counted until its lease lapses, then no more.
+        await processes[1].coordinator.aclose()
+        await until(lambda: processes[0].coordinator.live_processes_sync() == 1, timeout=5)
+
+    run(deployment, scenario)
