@@ -2,7 +2,7 @@
 
 Run:  DATABASE_URL=postgres://... CELERY_BROKER_URL=redis://... \\
       .venv/bin/python benchmarks/durable_parallel.py [--decisions 40] [--latency-ms 300]
-      [--ceiling 8] [--repeat 3]
+      [--ceiling 8] [--repeat 3] [--no-trace] [--service-only]
 
 1. Through the service (PostgreSQL + Redis, a real web server and worker, a loopback
    OpenAI-compatible provider answering after `--latency-ms`): one evaluation of `--decisions`
@@ -11,7 +11,13 @@ Run:  DATABASE_URL=postgres://... CELERY_BROKER_URL=redis://... \\
    client, and `finishedAt - createdAt` as the server recorded it) against the provider-bound
    ideal `ceil(decisions / ceiling) x latency`, the most calls the provider had at once, and the
    receipt writes per decision: the document writes (the receipt's final revision counts them)
-   plus the slot writes, at most one per call (slots marked together share one).
+   plus the slot writes, at most one per call (slots marked together share one). The worker is
+   `benchmarks/traced_worker.py` (unless `--no-trace`), which notes when each phase begins and
+   ends; the benchmark lines those notes up with what the client and the provider saw and prints
+   where submit-to-complete went: before the first call (API, doorbell, claim, run start), in
+   each call (admission, slot write, HTTP request, the provider, the answer, its record), between
+   an answer and the next call on its permit, and after the last answer (receipt close, result
+   write, the client noticing), each as median and p90 over the calls.
 2. In this process, on a throwaway PostgreSQL database, the same evaluation through the engine
    with the database receipt store and a thread pool as a worker has: how long each call waited
    for its slot to become durable before its adapter call (p50/p99), the same for a bare
@@ -26,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import math
+import re
 import signal
 import statistics
 import sys
@@ -97,9 +105,14 @@ def through_the_service(args: argparse.Namespace) -> None:
             }
             deployment.django(activate_profile_script("bench-ceiling", ceiling))
             deployment.start_web()
-            deployment.start_worker()
+            trace = Path(tmp) / "trace.jsonl"
+            if args.trace:
+                _start_traced_worker(deployment, trace)
+            else:
+                deployment.start_worker()
             # Warm the worker: connections to the database, Redis and the provider.
             deployment.wait_run(deployment.submit(_document(8, args.ceiling, "warm-up"))["id"])
+            breakdowns: list[tuple[str, dict[str, list[float]]]] = []
             for attempt in range(args.repeat):
                 load = _load_average()
                 provider.max_in_flight = 0
@@ -108,8 +121,11 @@ def through_the_service(args: argparse.Namespace) -> None:
                 submitted = deployment.submit(
                     _document(args.decisions, args.ceiling, f"bench {attempt}")
                 )
-                run = _wait_fast(deployment, submitted["id"])
-                client_s = time.monotonic() - started
+                posted = time.monotonic()
+                run, noticed = _wait_fast(deployment, submitted["id"])
+                client_s = noticed - started
+                if run["status"] != "completed":
+                    print(deployment.logs()[-3000:], run["attempts"][:1])
                 server_s = epoch_seconds(run["finishedAt"]) - epoch_seconds(run["createdAt"])
                 revision, most = deployment.django(
                     RECEIPT_REVISION.format(run_id=run["id"])
@@ -139,6 +155,16 @@ def through_the_service(args: argparse.Namespace) -> None:
                     f"{', '.join(f'{w:.0f}' for w in at_provider)} ms)",
                     flush=True,
                 )
+                if args.trace:
+                    marks = {"submit": started, "posted": posted, "noticed": noticed}
+                    phases = _phases(
+                        _events(trace, since=started), provider.requests[before:], marks, args
+                    )
+                    breakdowns.append((load, phases))
+                    _print_phases([(load, phases)])
+            if len(breakdowns) > 1:
+                print("phase medians over the runs above:")
+                _print_phases(breakdowns)
         finally:
             deployment.stop()
 
@@ -203,14 +229,206 @@ def _bare_commits(pool: ThreadPoolExecutor, count: int) -> tuple[list[float], li
     return asyncio.run(awaited())
 
 
-def _wait_fast(deployment: Deployment, run_id: str) -> dict[str, Any]:
+def _wait_fast(deployment: Deployment, run_id: str) -> tuple[dict[str, Any], float]:
+    """The finished run, and when the client had it (`time.monotonic()`)."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         run = deployment.evaluation(run_id)
         if run["status"] not in ("queued", "running"):
-            return run
+            return run, time.monotonic()
         time.sleep(0.02)
     raise SystemExit(f"run {run_id} did not finish")
+
+
+def _start_traced_worker(deployment: Deployment, trace: Path) -> None:
+    """The worker `Deployment.start_worker` starts, with `benchmarks/traced_worker.py`'s notes."""
+    argv = [
+        str(Path(__file__).with_name("traced_worker.py")),
+        "-A",
+        "config",
+        "worker",
+        "--loglevel",
+        "INFO",
+        "--pool",
+        "threads",
+        "--concurrency",
+        "2",
+        "--without-gossip",
+        "--without-mingle",
+        "--hostname",
+        "traced-worker@%h",
+    ]
+    worker = deployment.start("worker-traced", argv, {"SLUICE_BENCH_TRACE": str(trace)})
+    deadline = time.monotonic() + 60
+    while " ready." not in worker.log():
+        if worker.popen.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the traced worker did not start:\n{worker.log()[-4000:]}")
+        time.sleep(0.1)
+
+
+def _events(trace: Path, *, since: float) -> list[dict[str, Any]]:
+    """The worker's notes since `since`, once its result write is among them."""
+    deadline = time.monotonic() + 5
+    while True:
+        events = []
+        for line in trace.read_text().splitlines():
+            if line:
+                event = json.loads(line)
+                if event["at"] >= since:
+                    events.append(event)
+        if any(e["event"] == "runs.run_finish.end" for e in events):
+            return events
+        if time.monotonic() > deadline:
+            return events
+        time.sleep(0.02)
+
+
+def _first(events: list[dict[str, Any]], name: str, after: float = 0.0) -> float:
+    found = [e["at"] for e in events if e["event"] == name and e["at"] >= after]
+    return min(found, default=math.nan)
+
+
+def _last(events: list[dict[str, Any]], name: str) -> float:
+    return max((e["at"] for e in events if e["event"] == name), default=math.nan)
+
+
+def _times(calls: dict[int, dict[str, float]], name: str) -> list[float]:
+    return sorted(call[name] for call in calls.values() if name in call)
+
+
+_QUESTION = re.compile(r"Question (\d+):")
+
+
+def _phases(
+    events: list[dict[str, Any]],
+    requests: list[dict[str, Any]],
+    marks: dict[str, float],
+    args: argparse.Namespace,
+) -> dict[str, list[float]]:
+    """Milliseconds per phase of one run through the service (a list per phase: one figure per
+    run phase, one per call for call phases)."""
+    ms: dict[str, list[float]] = {}
+
+    def add(name: str, value: float) -> None:
+        ms.setdefault(name, []).append(value * 1000)
+
+    # Per decision (index), the notes of its (first and only) attempt, and its provider request.
+    calls: dict[int, dict[str, float]] = {}
+    for event in events:
+        index = event.get("index")
+        if event["event"].startswith("OpenAIChatAdapter.invoke"):
+            index = int(event["decision"].rsplit("-", 1)[1]) - 1
+        if index is None:
+            continue
+        calls.setdefault(index, {}).setdefault(event["event"], event["at"])
+    for request in requests:
+        prompt = request["body"]["messages"][-1]["content"]
+        found = _QUESTION.search(prompt)
+        if found is not None and "ended" in request:
+            call = calls.setdefault(int(found.group(1)) - 1, {})
+            call["provider.arrived"], call["provider.answered"] = request["at"], request["ended"]
+    steps = [
+        (
+            "attempt start -> admission asked",
+            "attempts.run_attempt.start",
+            "SlotFreeingController.acquire.start",
+        ),
+        ("admission", "SlotFreeingController.acquire.start", "SlotFreeingController.acquire.end"),
+        (
+            "admitted -> slot write asked",
+            "SlotFreeingController.acquire.end",
+            "ReceiptJournal.mark_dispatch.start",
+        ),
+        ("slot write", "ReceiptJournal.mark_dispatch.start", "ReceiptJournal.mark_dispatch.end"),
+        (
+            "slot durable -> adapter called",
+            "ReceiptJournal.mark_dispatch.end",
+            "OpenAIChatAdapter.invoke.start",
+        ),
+        ("HTTP request out", "OpenAIChatAdapter.invoke.start", "provider.arrived"),
+        ("provider", "provider.arrived", "provider.answered"),
+        ("answer read", "provider.answered", "OpenAIChatAdapter.invoke.end"),
+        ("release + record", "OpenAIChatAdapter.invoke.end", "attempts.run_attempt.end"),
+        (
+            "  of which the record",
+            "ReceiptJournal.record_attempt.start",
+            "ReceiptJournal.record_attempt.end",
+        ),
+        ("attempt start -> at provider", "attempts.run_attempt.start", "provider.arrived"),
+    ]
+    for call in calls.values():
+        for name, begin, end in steps:
+            if begin in call and end in call:
+                add(name, call[end] - call[begin])
+    # Between an answer and the next call on its permit: the k-th attempt to end hands its
+    # permit to the (ceiling + k)-th attempt to start.
+    ends = _times(calls, "attempts.run_attempt.end")
+    starts = _times(calls, "attempts.run_attempt.start")
+    for end, start in zip(ends, starts[args.ceiling :], strict=False):
+        add("hand-over to the next decision", start - end)
+    answered = _times(calls, "provider.answered")
+    arrived = _times(calls, "provider.arrived")
+    for end, start in zip(answered, arrived[args.ceiling :], strict=False):
+        add("answer -> next call at provider", start - end)
+    first_start = min(starts, default=math.nan)
+    last_answer = max(answered, default=math.nan)
+    wake = _first(events, "Runner.wake.start", marks["submit"])
+    claimed = _first(events, "dispatch.runs_claim.end", wake)
+    claim_asked = max(
+        (
+            e["at"]
+            for e in events
+            if e["event"] == "dispatch.runs_claim.start" and e["at"] <= claimed
+        ),
+        default=math.nan,
+    )
+    prepared = _first(events, "Runner._start.end", claimed)
+    evaluating = _first(events, "execute.evaluate.start", claimed)
+    opened = _first(events, "ReceiptJournal.open.end")
+    evaluated = _last(events, "execute.evaluate.end")
+    finished = _last(events, "runs.run_finish.end")
+    run = [
+        ("submit: POST answered", marks["submit"], marks["posted"]),
+        ("POST answered -> doorbell at the worker", marks["posted"], wake),
+        ("doorbell -> claim asked", wake, claim_asked),
+        ("claim asked -> run claimed", claim_asked, claimed),
+        ("claimed -> run prepared (boundary, plan)", claimed, prepared),
+        ("prepared -> evaluation started", prepared, evaluating),
+        ("evaluation started -> receipt open", evaluating, opened),
+        ("receipt open -> first attempt", opened, first_start),
+        ("first attempt -> first call at provider", first_start, min(arrived, default=math.nan)),
+        ("first call -> last answer at provider", min(arrived, default=math.nan), last_answer),
+        ("last answer -> evaluation returned", last_answer, evaluated),
+        ("evaluation returned -> result written", evaluated, finished),
+        ("result written -> client noticed", finished, marks["noticed"]),
+        ("submit -> client noticed", marks["submit"], marks["noticed"]),
+    ]
+    for name, begin, end in run:
+        add(name, end - begin)
+    return ms
+
+
+def _print_phases(breakdowns: list[tuple[str, dict[str, list[float]]]]) -> None:
+    """One line per phase: median and p90 in ms (over calls, or over runs for run phases)."""
+    loads = ", ".join(load.split()[0] for load, _ in breakdowns)
+    print(f"  phases (ms; load average {loads}):")
+    names: list[str] = []
+    for _, phases in breakdowns:
+        names.extend(name for name in phases if name not in names)
+    for name in names:
+        values = [v for _, phases in breakdowns for v in phases.get(name, []) if not math.isnan(v)]
+        if not values:
+            continue
+        if len(values) <= len(breakdowns):
+            figures = f"{statistics.median(values):8.1f}"
+            if len(values) > 1:
+                figures += f"  (runs: {', '.join(f'{v:.0f}' for v in values)})"
+        else:
+            figures = (
+                f"{statistics.median(values):8.1f} median, {_percentile(values, 0.9):7.1f} p90, "
+                f"{max(values):7.1f} max over {len(values)}"
+            )
+        print(f"    {name:<42} {figures}", flush=True)
 
 
 def in_process(args: argparse.Namespace) -> None:
@@ -301,9 +519,16 @@ def main() -> int:
     parser.add_argument("--latency-ms", type=float, default=300.0)
     parser.add_argument("--ceiling", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--no-trace", dest="trace", action="store_false", help="an untraced worker, no phases"
+    )
+    parser.add_argument(
+        "--service-only", action="store_true", help="skip the in-process engine part"
+    )
     args = parser.parse_args()
-    with throwaway_database():
-        in_process(args)
+    if not args.service_only:
+        with throwaway_database():
+            in_process(args)
     through_the_service(args)
     return 0
 

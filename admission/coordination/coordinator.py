@@ -96,6 +96,8 @@ class RedisCoordinator:
         self.epochs: dict[str, str] = {}
         self.live_processes: int | None = None
         self.last_renewal = time.monotonic()
+        # When each workspace's hash slot last answered (on a cluster, shards fail apart).
+        self._renewed: dict[str, float] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cluster = is_cluster(settings.url)
         self._client: AsyncClient | None = None
@@ -120,6 +122,9 @@ class RedisCoordinator:
         self._announced = False
         self._registered: set[str] = set()
         self._acting: set[str] = set()
+        # Calls under way and the last call's time, by workspace (see `_retire_idle`).
+        self._inflight: Counter[str] = Counter()
+        self._active_at: dict[str, float] = {}
         # The header of every call, encoded once per (workspace, epoch).
         self._headers: dict[tuple[str, str], list[bytes]] = {}
         self._closed = False
@@ -328,6 +333,8 @@ class RedisCoordinator:
         if name == "reassert":
             self._acting.add(workspace_id)
         header = self._header(workspace_id, self.epochs.get(workspace_id, ""))
+        self._inflight[workspace_id] += 1
+        self._active_at[workspace_id] = time.monotonic()
         try:
             raw = await self._fcall(
                 name, route_key(self.settings.prefix, workspace_id), [*header, *call.pack()], call
@@ -338,8 +345,11 @@ class RedisCoordinator:
             raise CoordinationUnavailable(f"function {name} failed: {error}") from error
         except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
+        finally:
+            self._inflight[workspace_id] -= 1
+            self._active_at[workspace_id] = time.monotonic()
         result: dict[str, Any] = json.loads(raw)
-        self.last_renewal = time.monotonic()
+        self.last_renewal = self._renewed[workspace_id] = time.monotonic()
         if result.get("st") == "epoch":
             await self.resync(workspace_id, str(result["ep"]))
             return await self._call_raw(workspace_id, call)
@@ -507,7 +517,26 @@ class RedisCoordinator:
         """The hash slot of a key on a cluster; None on a single Redis (one group for all)."""
         return slot_of(key) if self._cluster else None
 
+    def _retire_idle(self) -> None:
+        """Stop renewing this process's lease in workspaces where it holds nothing, waits for
+        nothing, has no call under way and has made no call for a whole lease TTL: the
+        heartbeat's cost follows the workspaces in use, not every one ever touched. Its lease
+        there lapses (a reaper finds nothing to free); its next decision there registers again.
+        """
+        now = time.monotonic()
+        idle_s = self.settings.lease_ttl_ms / 1000.0
+        holding = set(self.book.lease_records())
+        holding.update(waiter.owner.workspace_id for waiter in self.book.waiters())
+        for ws in list(self._acting):
+            if ws in holding or self._inflight[ws] > 0:
+                continue
+            if now - self._active_at.get(ws, now) < idle_s:
+                continue
+            self._acting.discard(ws)
+            self._registered.discard(ws)
+
     async def _heartbeat(self) -> None:
+        self._retire_idle()
         prefix = self.settings.prefix
         counts = {ws: dict(counter) for ws, counter in self.local_counts.items() if counter}
         self.local_counts = {}
@@ -558,6 +587,8 @@ class RedisCoordinator:
         except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         self.last_renewal = time.monotonic()
+        for ws in beat.epochs:
+            self._renewed[ws] = self.last_renewal
         return beat.parse(json.loads(raw))
 
     async def _heartbeat_answered(self, result: HeartbeatResult, settled_before: float) -> None:
@@ -590,11 +621,17 @@ class RedisCoordinator:
                 waiter.owner.requeue(waiter)
 
     def _doubt_leases(self) -> None:
-        """Without a renewal for most of the lease TTL, stop the calls those permits cover."""
-        silent_ms = (time.monotonic() - self.last_renewal) * 1000.0
-        if silent_ms < self.settings.lease_ttl_ms * LEASE_DOUBT_SHARE:
-            return
-        self.book.doubt_leases()
+        """Without a renewal for most of the lease TTL, stop the calls those permits cover (on a
+        cluster, per workspace: one shard out of reach leaves the others' permits alone)."""
+        now = time.monotonic()
+        limit_s = self.settings.lease_ttl_ms * LEASE_DOUBT_SHARE / 1000.0
+        silent = {
+            ws
+            for ws in self.book.lease_records()
+            if now - self._renewed.get(ws, self.last_renewal) >= limit_s
+        }
+        if silent:
+            self.book.doubt_leases(silent)
 
     # ------------------------------------------------------------------ grants
 

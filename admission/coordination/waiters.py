@@ -178,6 +178,8 @@ class ProcessBook:
             by_workspace.setdefault(lease.workspace_id, []).append(lease.record())
         return by_workspace
 
-    def doubt_leases(self) -> None:
+    def doubt_leases(self, workspaces: set[str] | None = None) -> None:
+        """Stop the calls of the permits held (in the given workspaces, or everywhere)."""
         for lease in list(self._leases.values()):
-            lease.doubt()
+            if workspaces is None or lease.workspace_id in workspaces:
+                lease.doubt()

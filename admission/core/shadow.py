@@ -232,7 +232,9 @@ class ShadowAdmission:
         else:
             self.controller.release_budget(budget_id)
 
-    def _call_done(self, call: ShadowCall) -> None:
+    def call_ended(self, call: ShadowCall) -> None:
+        """`call` ended on both sides: forget it, and forget its invocation's shadow budgets when
+        the invocation ended first and this was its last pending call."""
         self.calls.discard(call)
         budget_id = call.budget_id
         if budget_id in self._ended_budgets and not any(
@@ -418,4 +420,4 @@ class ShadowCall:
 
     def _done(self) -> None:
         if self._lease is None:
-            self._owner._call_done(self)
+            self._owner.call_ended(self)

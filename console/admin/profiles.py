@@ -42,7 +42,7 @@ from admission.models import (
     Workspace,
     WorkspaceMembership,
 )
-from admission.profile_diff import LimitRow, limit_rows, limits_diff, zero_limit_count
+from admission.rollout.profile_diff import LimitRow, limit_rows, limits_diff, zero_limit_count
 from admission.services import profiles as services
 from admission.services import rollout
 from console.admin.kit import REFUSALS, admin_page, form_refusal, report_refusal

@@ -38,6 +38,7 @@ from evaluator.engine.adapters import (
     FakeAdapter,
     FakeStep,
     OpenAIChatAdapter,
+    SharedClients,
 )
 from evaluator.engine.parsing import ENV_NAME
 from evaluator.harness.staged_target import Capacity, StagedEndpoint
@@ -101,6 +102,16 @@ def adapter_ids(workspace_key: str | None = None) -> frozenset[str]:
     return frozenset(_config(workspace_key))
 
 
+_shared_clients: list[SharedClients] = []
+
+
+def _clients() -> SharedClients:
+    """This process's HTTP clients for `openai-chat` adapters, kept between runs."""
+    if not _shared_clients:
+        _shared_clients.append(SharedClients())
+    return _shared_clients[0]
+
+
 def build_adapters(workspace_key: str | None = None) -> dict[str, Adapter]:
     """Fresh adapters for one run in `workspace_key` (a fake adapter keeps a call log that must
     not grow forever)."""
@@ -126,7 +137,8 @@ def _build(key: str, spec: Mapping[str, Any]) -> Adapter:
         key_env = spec.get("apiKeyEnv")
         if key_env is not None and (not isinstance(key_env, str) or not ENV_NAME.match(key_env)):
             raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.apiKeyEnv must be a variable name")
-        return OpenAIChatAdapter(base_url=base_url, api_key_env=key_env)
+        # Runs share kept-alive connections to the provider (one pool per event loop).
+        return OpenAIChatAdapter(base_url=base_url, api_key_env=key_env, clients=_clients())
     raise AdapterConfigError(f"SLUICE_ADAPTERS.{key}.kind must be 'fake' or 'openai-chat'")
 
 

@@ -62,6 +62,9 @@ class LoopbackServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # TCP_NODELAY, as providers' servers set it: the body, written after the headers,
+            # does not wait for the client's delayed ACK (40 ms on a kept-alive connection).
+            disable_nagle_algorithm = True
 
             def log_message(self, *args: Any) -> None:
                 return None
@@ -74,6 +77,8 @@ class LoopbackServer:
                     "headers": dict(self.headers),
                     "body": body,
                     "at": time.monotonic(),
+                    # The client's port: calls on one kept-alive connection share it.
+                    "peer": self.client_address[1],
                 }
                 with server._lock:
                     server.requests.append(entry)

@@ -17,6 +17,7 @@ from evaluator.engine.adapters import (
     AdapterCall,
     AdapterError,
     OpenAIChatAdapter,
+    SharedClients,
     parse_retry_after_ms,
 )
 from evaluator.engine.outputs import OutputSpec
@@ -218,3 +219,45 @@ def test_evaluator_honours_retry_after_ms_and_reconciles_actual_tokens(server):
     assert d0.attempts[1].tokens == 10
     assert elapsed >= 0.2
     assert len(server.requests) == 3
+
+
+def test_shared_clients_keep_one_connection_across_adapters_of_a_loop(server):
+    """Adapters made afresh for each run reuse one kept-alive connection through
+    `SharedClients`: closing an adapter leaves it open, closing the clients closes it, and the
+    next loop opens its own."""
+    clients = SharedClients()
+
+    async def runs(count):
+        for _ in range(count):
+            adapter = OpenAIChatAdapter(
+                base_url=server.base_url, api_key_env="SLUICE_TEST_KEY", clients=clients
+            )
+            try:
+                response = await adapter.invoke(call())
+                assert response.answer == "yes"
+            finally:
+                await adapter.aclose()
+
+    async def loop_of_runs():
+        await runs(3)
+        await clients.aclose()
+
+    asyncio.run(loop_of_runs())
+    asyncio.run(loop_of_runs())
+    peers = [entry["peer"] for entry in server.requests]
+    assert len(peers) == 6
+    assert len(set(peers[:3])) == 1 and len(set(peers[3:])) == 1
+    assert peers[0] != peers[3]
+
+
+def test_an_adapter_of_its_own_opens_a_connection_per_adapter(server):
+    async def main():
+        for _ in range(2):
+            adapter = OpenAIChatAdapter(base_url=server.base_url, api_key_env="SLUICE_TEST_KEY")
+            try:
+                await adapter.invoke(call())
+            finally:
+                await adapter.aclose()
+
+    asyncio.run(main())
+    assert len({entry["peer"] for entry in server.requests}) == 2

@@ -8,8 +8,9 @@ so "no call sent twice" is counted where the calls arrive.
 - Stopped (`pg_ctl stop -m immediate`, every session killed) for longer than the stale window,
   then started again: the API answers a typed 503 meanwhile, both workers reconnect on their
   own, and every run ends with each decision sent at most once.
-- Frozen (SIGSTOP on the postmaster and every backend) for longer than the stale window, then
-  thawed: nothing failed, so nothing is redelivered. The sweepers must not judge the live
+- Frozen (SIGSTOP on the postmaster and every backend) for longer than the stale window but
+  shorter than the workers' connect timeout, then thawed: nothing failed, so nothing is
+  redelivered. The sweepers must not judge the live
   workers' runs dead because a shared stall aged every heartbeat: every run completes on its
   first delivery and no call is sent twice. A request that needs a new connection meanwhile is
   answered 503 once the connect timeout passes, rather than hanging.
@@ -42,6 +43,7 @@ STALE_SECONDS = 3.0
 # Longer than the stale window: a heartbeat written just before the fault is "stale" after it.
 OUTAGE_SECONDS = STALE_SECONDS + 1.5
 CONNECT_TIMEOUT = 2
+WORKER_CONNECT_TIMEOUT = 30
 # Every run ends within this long after the database is back.
 BOUND_SECONDS = 30.0
 
@@ -54,8 +56,11 @@ class Outage:
         self.postgres = PrivatePostgres()
         self.provider = LoopbackServer().__enter__()
         self.provider.default = Reply(delay=0.3)
-        # New connections give up after CONNECT_TIMEOUT rather than wait on a frozen server.
-        url = f"{self.postgres.url}?connect_timeout={CONNECT_TIMEOUT}"
+        # The web process's new connections give up after CONNECT_TIMEOUT rather than wait on a
+        # frozen server; the workers' outlast the freeze, so theirs only wait (with a shorter
+        # one, a write that needs a new connection fails and its run is given back and resumed,
+        # as in the stop above).
+        url = f"{self.postgres.url}?connect_timeout={WORKER_CONNECT_TIMEOUT}"
         self.deployment = Deployment(root, "full", database_url=url)
         self.deployment.env.update(
             SLUICE_ADAPTERS=json.dumps(
@@ -67,7 +72,11 @@ class Outage:
             SLUICE_WORKER_SLOTS="3",
         )
         self.deployment.setup()
-        self.deployment.start_web()
+        assert self.deployment.database is not None
+        web_url = self.deployment.database.url.replace(
+            f"connect_timeout={WORKER_CONNECT_TIMEOUT}", f"connect_timeout={CONNECT_TIMEOUT}"
+        )
+        self.deployment.start_web({"DATABASE_URL": web_url})
         self.workers = [self.deployment.start_worker(), self.deployment.start_worker()]
 
     def close(self) -> None:

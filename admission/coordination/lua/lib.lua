@@ -47,6 +47,8 @@
 -- The arguments and the time of the call being served; `begin` sets them for every call.
 local ARGV, PFX, IDLE_TTL, PROC, PROC_TTL, KNOWN_EPOCH, GRACE, BUDGET_TTL, NOW
 local EPOCH_KEY, PROCS
+-- When admission in the current workspace may resume after its state was lost (server ms).
+local EPOCH_READY = nil
 -- Set by an entry when its caller is in this workspace's P:{ws}:procs already.
 local REGISTERED = false
 
@@ -175,6 +177,7 @@ local function use_ws(ws)
   STATE = BASE .. 's'
   EPOCH_KEY = BASE .. 'epoch'
   PROCS = BASE .. 'procs'
+  EPOCH_READY = nil
   LIM, SC, BUD = {}, {}, {}
   ALIVE = {}
 end
@@ -221,6 +224,7 @@ local function epoch_check()
       'at', string.format('%.17g', NOW))
     redis.set_repl(redis.REPL_ALL)
   end
+  EPOCH_READY = ready
   return id, ready
 end
 
@@ -907,6 +911,12 @@ end
 local function pump()
   if not limits('W') then return nil end
   local wake = lapse_grants()
+  if EPOCH_READY ~= nil and NOW < EPOCH_READY then
+    -- A new epoch's grace: nobody is served before the processes have put back their permits
+    -- (a promoted replica may still hold waiters but not every permit); the wake is the end.
+    redis.call('HSET', META, 'wk', string.format('%.17g', EPOCH_READY))
+    return EPOCH_READY
+  end
   if scope(key_w()).q > 0 then
     local at = serve()
     if at ~= nil and (wake == nil or at < wake) then wake = at end

@@ -10,7 +10,11 @@ from evaluator.engine.adapters.base import Adapter, AdapterCall, AdapterError, A
 from evaluator.engine.adapters.fake import FakeAdapter, FakeCall, FakeStep
 
 if TYPE_CHECKING:
-    from evaluator.engine.adapters.openai_http import OpenAIChatAdapter, parse_retry_after_ms
+    from evaluator.engine.adapters.openai_http import (
+        OpenAIChatAdapter,
+        SharedClients,
+        parse_retry_after_ms,
+    )
 
 __all__ = [
     "Adapter",
@@ -21,10 +25,11 @@ __all__ = [
     "FakeCall",
     "FakeStep",
     "OpenAIChatAdapter",
+    "SharedClients",
     "parse_retry_after_ms",
 ]
 
-_LAZY = frozenset({"OpenAIChatAdapter", "parse_retry_after_ms"})
+_LAZY = frozenset({"OpenAIChatAdapter", "SharedClients", "parse_retry_after_ms"})
 
 
 def __getattr__(name: str) -> Any:

@@ -6,6 +6,7 @@ names; it is never stored on the adapter, written to a repr or logged.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -18,7 +19,7 @@ import httpx
 from admission.core import Clock, SystemClock
 from evaluator.engine.adapters.base import AdapterCall, AdapterError, AdapterResponse
 
-__all__ = ["OpenAIChatAdapter", "parse_retry_after_ms"]
+__all__ = ["OpenAIChatAdapter", "SharedClients", "parse_retry_after_ms"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,12 +69,58 @@ def _finite_non_negative(raw: str) -> float | None:
     return value
 
 
+def _client(max_connections: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        limits=httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        ),
+        timeout=httpx.Timeout(30.0, connect=CONNECT_TIMEOUT_S),
+    )
+
+
+class SharedClients:
+    """Pooled httpx clients that outlive one run: one per (event loop, base URL).
+
+    A worker makes fresh adapters for every run; with these, its runs share kept-alive
+    connections to each provider instead of opening (and TLS-configuring) a new pool per run.
+    A client belongs to the loop that first used it (its connections do), so another loop gets
+    its own, and the clients of a closed loop are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._clients: dict[
+            tuple[int, str], tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        ] = {}
+
+    def client(self, base_url: str, max_connections: int) -> httpx.AsyncClient:
+        """The running loop's client for `base_url` (made on first use)."""
+        loop = asyncio.get_running_loop()
+        for key, (owner, _) in list(self._clients.items()):
+            if owner.is_closed():
+                del self._clients[key]
+        key = (id(loop), base_url)
+        found = self._clients.get(key)
+        if found is None or found[0] is not loop or found[1].is_closed:
+            found = self._clients[key] = (loop, _client(max_connections))
+        return found[1]
+
+    async def aclose(self) -> None:
+        """Close the running loop's clients."""
+        loop = asyncio.get_running_loop()
+        for key, (owner, client) in list(self._clients.items()):
+            if owner is loop:
+                del self._clients[key]
+                await client.aclose()
+
+
 class OpenAIChatAdapter:
     """Calls an OpenAI-compatible chat-completion endpoint.
 
     ``base_url`` is the server root (``https://api.example.com``); the adapter posts to
     ``/v1/chat/completions``. ``client`` may be a shared ``httpx.AsyncClient`` (the caller closes
-    it); otherwise the adapter makes a pooled one on first use and ``aclose()`` closes it.
+    it), or ``clients`` a ``SharedClients`` whose client for this base URL the adapter uses (its
+    owner closes it); otherwise the adapter makes a pooled one on first use and ``aclose()``
+    closes it.
     ``api_key_env`` names the environment variable that holds the key; it comes from the
     deployment's configuration only. Chat completions have no side effects, so the adapter is
     idempotent.
@@ -89,10 +136,12 @@ class OpenAIChatAdapter:
         api_key_env: str | None = None,
         clock: Clock | None = None,
         max_connections: int = 64,
+        clients: SharedClients | None = None,
     ) -> None:
         self._base_url = base_url.rstrip("/")
         self._client = client
-        self._owns_client = client is None
+        self._clients = clients
+        self._owns_client = client is None and clients is None
         self._api_key_env = api_key_env
         self._clock = clock or SystemClock()
         self._max_connections = max_connections
@@ -102,13 +151,9 @@ class OpenAIChatAdapter:
 
     def _pool(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(
-                limits=httpx.Limits(
-                    max_connections=self._max_connections,
-                    max_keepalive_connections=self._max_connections,
-                ),
-                timeout=httpx.Timeout(30.0, connect=CONNECT_TIMEOUT_S),
-            )
+            if self._clients is not None:
+                return self._clients.client(self._base_url, self._max_connections)
+            self._client = _client(self._max_connections)
         return self._client
 
     async def aclose(self) -> None:

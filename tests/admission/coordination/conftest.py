@@ -22,6 +22,7 @@ import redis
 from admission.coordination import CoordinationSettings, RedisCoordinator
 from admission.coordination.clients import SyncClient, sync_client
 from admission.coordination.protocol import parse_scope
+from admission.coordination.scripts import library_code
 from admission.core import AdmissionRegistry, AdmissionRequest, Estimate, Profile
 from tests.private_services import PrivateRedis, PrivateRedisCluster
 
@@ -165,8 +166,15 @@ class Deployment:
 def redis_cluster() -> Iterator[PrivateRedisCluster]:
     """A Redis Cluster of three primaries with one replica each, on free loopback ports, shared
     by the session's tests (each under a key prefix of its own)."""
-    cluster = PrivateRedisCluster()
+    # A node frozen by a test for a second or two is not failed over.
+    cluster = PrivateRedisCluster(node_timeout_ms=5000)
     try:
+        # The function library is loaded on every primary once, as the deployment's first call
+        # does (compiling it on three busy primaries could outlast a test's short timeout);
+        # test_failover.py checks that a primary without it gets it again by itself.
+        client = sync_client(cluster.url, socket_timeout=30)
+        client.function_load(library_code(), replace=True)
+        client.close()
         yield cluster
     finally:
         cluster.destroy()

@@ -11,6 +11,7 @@ from admission.core import AdmissionRejected, CancelSignal
 from tests.admission.coordination.conftest import (
     WORKSPACE,
     Deployment,
+    Process,
     profile,
     request,
     run,
@@ -284,6 +285,10 @@ def test_cancel_and_deadline_take_waiters_out_of_redis(deployment: Deployment) -
     deployment.register(profile(workspace={"concurrency": 1}))
 
     async def scenario() -> None:
+        # The waiting process has made a decision already (its first one also registers it and
+        # installs the profile, which could outlast the short deadline below).
+        (await procs[1].controller().acquire(request(budget="warm"))).release(success=True)
+        await settle(deployment)
         held = await procs[0].controller().acquire(request())
         signal = CancelSignal()
         cancelled = asyncio.ensure_future(procs[1].controller().acquire(request(signal=signal)))
@@ -580,5 +585,51 @@ def test_closing_never_waits_on_a_write_forever(deployment: Deployment) -> None:
         await process.coordinator.aclose()
         # Bounded by the close grace (four call timeouts, at least a second), not by the write.
         assert time.monotonic() - started < 3.0
+
+    run(deployment, scenario)
+
+
+def test_operators_count_the_live_processes_without_a_loop(deployment: Deployment) -> None:
+    processes = [deployment.process(register=profile()) for _ in range(2)]
+
+    async def scenario() -> None:
+        for process in processes:
+            (await process.controller().acquire(request())).release(success=True)
+        await settle(deployment)
+        assert [p.coordinator.live_processes_sync() for p in processes] == [2, 2]
+        # One stops renewing: it is counted until its lease lapses, then no more.
+        await processes[1].coordinator.aclose()
+        await until(lambda: processes[0].coordinator.live_processes_sync() == 1, timeout=5)
+
+    run(deployment, scenario)
+
+
+def test_a_process_stops_renewing_where_it_has_long_been_idle(deployment: Deployment) -> None:
+    deployment.settings = {"lease_ttl_ms": 600, "heartbeat_ms": 100}
+    holder = deployment.process(register=profile())
+    idle = deployment.process(register=profile())
+    procs = deployment.key("procs")
+
+    def registered(process: Process) -> bool:
+        return deployment.client.zscore(procs, process.coordinator.process_id) is not None
+
+    async def scenario() -> None:
+        held = await holder.controller().acquire(request())
+        (await idle.controller().acquire(request("bob"))).release(success=True)
+        await settle(deployment)
+        assert registered(idle) and registered(holder)
+        # Idle here for a lease TTL, the process stops renewing; its lapsed lease is reaped by
+        # the holder's heartbeat. The holder, whose permit is out, keeps renewing throughout.
+        await until(lambda: not registered(idle), timeout=5)
+        await asyncio.sleep(1.2)
+        assert registered(holder)
+        assert deployment.active("W") == 1
+        # Its next decision here registers it again.
+        again = await idle.controller().acquire(request("bob", budget="inv-2"))
+        assert registered(idle)
+        assert deployment.active("W") == 2
+        again.release(success=True)
+        held.release(success=True)
+        await settle(deployment)
 
     run(deployment, scenario)

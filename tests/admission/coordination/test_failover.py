@@ -16,6 +16,7 @@ more calls at once than its ceiling, and no call goes out twice.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import Counter
@@ -25,7 +26,17 @@ from pathlib import Path
 import pytest
 
 from admission.coordination.clients import route_key
-from tests.admission.coordination.conftest import Deployment, profile, request, run, settle
+from admission.coordination.protocol import Release, ReleaseBatch
+from admission.core import AdmissionRequest, CancelSignal, Estimate, Profile
+from tests.admission.coordination.conftest import (
+    WORKSPACE,
+    Deployment,
+    profile,
+    request,
+    run,
+    settle,
+    until,
+)
 from tests.admission.coordination.test_processes import Drivers, wait_for
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedisCluster
@@ -199,3 +210,121 @@ def test_a_promoted_state_that_missed_a_release_gives_the_permit_back(
         assert deployment.active("V:llm") == 0
 
     run(deployment, scenario, timeout=10)
+
+
+def test_a_promoted_state_that_missed_a_permit_serves_nobody_before_it_is_put_back(
+    deployment: Deployment,
+) -> None:
+    """A replica promoted without its primary's last grant still holds the waiters queued behind
+    it: while the new epoch's grace runs nothing is served (not even by a withdrawal's or a
+    reaper's pump), so the permit is put back by its holder before anyone else gets it."""
+    deployment.settings = {"recovery_grace_ms": 800}
+    ceiling = profile(providers={"llm": {"concurrency": 1}})
+    holder, first, second = (deployment.process(register=ceiling) for _ in range(3))
+
+    async def scenario() -> None:
+        held = await holder.controller().acquire(request())
+        signal = CancelSignal()
+        waiting = asyncio.ensure_future(first.controller().acquire(request("bob", budget="b1")))
+        leaving = asyncio.ensure_future(
+            second.controller().acquire(request("bob", budget="b2", signal=signal))
+        )
+        await until(lambda: deployment.queued("V:llm") == 2)
+        # What the promoted replica holds: both waiters, not the permit, and no epoch. (The
+        # permit is given back in Redis behind its holder's back: the release's own pump is the
+        # first to run in the new epoch.)
+        client = deployment.client
+        client.delete(deployment.key("epoch"))
+        holder.coordinator.call_sync(WORKSPACE, ReleaseBatch((Release(held.id),)))
+        assert deployment.active("V:llm") == 0
+        # A waiter leaves at once: its pump must not hand the missing permit to the other.
+        signal.cancel("gone")
+        await asyncio.gather(leaving, return_exceptions=True)
+        await until(lambda: deployment.active("V:llm") == 1, timeout=5)
+        # The grace has passed, the holder re-asserted its permit: the waiter still waits.
+        await asyncio.sleep(1.0)
+        assert not waiting.done()
+        assert deployment.active("V:llm") == 1
+        held.release(success=True)
+        granted = await asyncio.wait_for(waiting, 5)
+        assert deployment.active("V:llm") == 1
+        granted.release(success=True)
+        await settle(deployment)
+
+    run(deployment, scenario, timeout=20)
+
+
+def test_a_shard_out_of_reach_stops_only_the_calls_of_its_workspaces(
+    redis_cluster: PrivateRedisCluster,
+) -> None:
+    """A process that cannot renew its lease in one shard for most of the lease TTL stops the
+    calls of its permits there (another process may soon be given them); permits in workspaces
+    of the shards that still answer are left alone."""
+    deployment = Deployment(redis_cluster.url)
+    frozen_ws = "ws-1"
+    primary = redis_cluster.primary_of(route_key(deployment.prefix, frozen_ws))
+    other_ws = next(
+        name
+        for name in (f"other-{i}" for i in range(1000))
+        if redis_cluster.primary_of(route_key(deployment.prefix, name)) != primary
+    )
+    process = deployment.process(lease_ttl_ms=1500, heartbeat_ms=100, timeout_ms=200)
+    for ws in (frozen_ws, other_ws):
+        document = {
+            "profileVersion": "v1",
+            "workspace": {"concurrency": 10},
+            "providers": {"llm": {"concurrency": 10}},
+            "principals": {"alice": {"concurrency": 10}},
+        }
+        process.registry.register(Profile.from_dict(document, workspace_id=ws), sequence=1)
+
+    async def scenario() -> None:
+        signals = {ws: CancelSignal() for ws in (frozen_ws, other_ws)}
+        leases = {
+            ws: await process.controller(ws).acquire(
+                AdmissionRequest("inv", "alice", ws, "llm", Estimate(), signal=signals[ws])
+            )
+            for ws in signals
+        }
+        redis_cluster.pause(primary)
+        try:
+            await until(lambda: signals[frozen_ws].cancelled, timeout=5)
+        finally:
+            redis_cluster.resume(primary)
+        assert signals[frozen_ws].reason == "admission-lease-lost"
+        assert not signals[other_ws].cancelled
+        for lease in leases.values():
+            lease.release(success=None)
+        await settle(deployment)
+
+    try:
+        run(deployment, scenario, timeout=20)
+    finally:
+        deployment.cleanup()
+
+
+def test_primaries_that_lost_the_function_library_get_it_back(
+    redis_cluster: PrivateRedisCluster,
+) -> None:
+    """A primary without the library (new, restarted, or flushed) answers that the function is
+    missing; the call that meets it loads the library on every primary and goes on."""
+    deployment = Deployment(redis_cluster.url)
+    process = deployment.process(register=profile(), timeout_ms=3000)
+    for port in redis_cluster.primaries():
+        redis_cluster.cli(port, "function", "flush")
+    assert all(
+        "sluice_" not in redis_cluster.cli(port, "function", "list")
+        for port in redis_cluster.primaries()
+    )
+
+    async def scenario() -> None:
+        lease = await process.controller().acquire(request())
+        lease.release(success=True)
+        await settle(deployment)
+
+    try:
+        run(deployment, scenario, timeout=20)
+    finally:
+        deployment.cleanup()
+    for port in redis_cluster.primaries():
+        assert "sluice_" in redis_cluster.cli(port, "function", "list"), port

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from admission.profile_diff import limits_diff, zero_warning
+from admission.rollout.profile_diff import limits_diff, zero_warning
 
 CURRENT = {
     "profileVersion": "v1",
