@@ -18,7 +18,8 @@ class CoordinationSettings:
     - `lease_ttl_ms`: a process that stops renewing (it died, or lost Redis) loses its permits
       and waiters this long after its last renewal; it renews every `heartbeat_ms`.
     - `recovery_grace_ms`: after Redis lost its state (a restart without persistence),
-      admission waits this long so every live process puts back the permits it still holds.
+      admission waits this long so every live process puts back the permits it still holds
+      (after a failover, also until each process the replica knew as live there has).
     - `timeout_ms`: the longest one round trip may take before the attempt is refused as
       `coordination-unavailable`.
     - `url`: one Redis server, or a Redis Cluster as `redis+cluster://host:port` (see

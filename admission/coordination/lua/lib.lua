@@ -207,32 +207,6 @@ end
 
 -- ------------------------------------------------------------------ epoch and processes
 
--- A workspace's shared state has a life (an epoch). When Redis loses it (a restart without
--- persistence, or a replica promoted after its primary failed, which may lack the primary's last
--- writes), the first call creates a new epoch and admission in the workspace waits GRACE ms, so
--- that every live process sees the new epoch and re-asserts the permits it still holds first.
--- The epoch is written on this server only (never replicated nor persisted): a promoted replica
--- has none, so it starts a new one.
-local function epoch_check()
-  local stored = redis.call('HMGET', EPOCH_KEY, 'id', 'ready')
-  local id, ready = stored[1], tonumber(stored[2]) or 0
-  if not id then
-    id = PROC .. '@' .. string.format('%.0f', NOW)
-    ready = NOW + GRACE
-    redis.set_repl(redis.REPL_NONE)
-    redis.call('HSET', EPOCH_KEY, 'id', id, 'ready', string.format('%.17g', ready),
-      'at', string.format('%.17g', NOW))
-    redis.set_repl(redis.REPL_ALL)
-  end
-  EPOCH_READY = ready
-  return id, ready
-end
-
--- When the current epoch began (server ms).
-local function epoch_began()
-  return tonumber(redis.call('HGET', EPOCH_KEY, 'at')) or 0
-end
-
 local function proc_alive(proc)
   local alive = ALIVE[proc]
   if alive == nil then
@@ -241,6 +215,75 @@ local function proc_alive(proc)
     ALIVE[proc] = alive
   end
   return alive
+end
+
+-- A workspace's shared state has a life (an epoch). When Redis loses it (a restart without
+-- persistence, or a replica promoted after its primary failed, which may lack the primary's last
+-- writes), the first call creates a new epoch and admission in the workspace waits GRACE ms, so
+-- that every live process sees the new epoch and re-asserts the permits it still holds first.
+-- The grace lasts until every process alive in the workspace when the epoch began has re-asserted
+-- (or is alive no more, or a lease TTL has passed): a process slow to find the new primary (its
+-- map of the slots is stale, its loop is starved) must not find its permits handed out again.
+-- The epoch is written on this server only (never replicated nor persisted): a promoted replica
+-- has none, so it starts a new one.
+local function epoch_write(...)
+  redis.set_repl(redis.REPL_NONE)
+  redis.call('HSET', EPOCH_KEY, ...)
+  redis.set_repl(redis.REPL_ALL)
+end
+
+-- The processes of the new epoch's `wait` list that have still to re-assert; the epoch's ready
+-- time once none is left, else a moment from now (the next look).
+local function epoch_waiting(ready, waiting, began)
+  local left = {}
+  if NOW < began + PROC_TTL then
+    for _, proc in ipairs(cjson.decode(waiting)) do
+      if redis.call('HEXISTS', EPOCH_KEY, 'r:' .. proc) == 0 and proc_alive(proc) then
+        left[#left + 1] = proc
+      end
+    end
+  end
+  redis.set_repl(redis.REPL_NONE)
+  if #left == 0 then
+    redis.call('HDEL', EPOCH_KEY, 'wait')
+  else
+    redis.call('HSET', EPOCH_KEY, 'wait', cjson.encode(left))
+  end
+  redis.set_repl(redis.REPL_ALL)
+  if #left == 0 then return ready end
+  return NOW + min(GRACE, 100)
+end
+
+local function epoch_check()
+  local stored = redis.call('HMGET', EPOCH_KEY, 'id', 'ready', 'wait', 'at')
+  local id, ready = stored[1], tonumber(stored[2]) or 0
+  if not id then
+    id = PROC .. '@' .. string.format('%.0f', NOW)
+    ready = NOW + GRACE
+    local live = redis.call('ZRANGEBYSCORE', PROCS, '(' .. string.format('%.17g', NOW), '+inf')
+    if #live > 0 then
+      epoch_write('id', id, 'ready', string.format('%.17g', ready),
+        'at', string.format('%.17g', NOW), 'wait', cjson.encode(live))
+    else
+      epoch_write('id', id, 'ready', string.format('%.17g', ready),
+        'at', string.format('%.17g', NOW))
+    end
+  elseif stored[3] and NOW >= ready then
+    ready = epoch_waiting(ready, stored[3], tonumber(stored[4]) or 0)
+  end
+  EPOCH_READY = ready
+  return id, ready
+end
+
+-- The calling process has put back its permits in the current epoch (noted only while the
+-- epoch waits for processes to do so).
+local function epoch_reasserted()
+  if redis.call('HEXISTS', EPOCH_KEY, 'wait') == 1 then epoch_write('r:' .. PROC, '1') end
+end
+
+-- When the current epoch began (server ms).
+local function epoch_began()
+  return tonumber(redis.call('HGET', EPOCH_KEY, 'at')) or 0
 end
 
 -- The calling process acts in this workspace (until its lease here lapses). Returns true when

@@ -5,6 +5,7 @@
 -- the process gave back meanwhile: those go back to the pool.
 local done, epoch = open_ws(false)
 if done then return done end
+epoch_reasserted()
 local restored, dropped = 0, 0
 local held = {}
 for _, lease in ipairs(cjson.decode(ARGV[9])) do held[lease.id] = lease end

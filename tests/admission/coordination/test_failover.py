@@ -119,6 +119,8 @@ def test_a_failed_primary_is_survived_and_no_ceiling_is_ever_passed(
                 30,
                 "the other shard's workspace was held up",
             )
+            # The outage lasts long enough to be seen (the checks below skip its first 0.5 s).
+            wait_for(lambda: time.time() > killed + 1.5, 5, "the clock stood still")
             sent_before = len(provider.requests)
             cluster.promote(replica)
             promoted = time.time()
@@ -247,6 +249,48 @@ def test_a_promoted_state_that_missed_a_permit_serves_nobody_before_it_is_put_ba
         assert deployment.active("V:llm") == 1
         held.release(success=True)
         granted = await asyncio.wait_for(waiting, 5)
+        assert deployment.active("V:llm") == 1
+        granted.release(success=True)
+        await settle(deployment)
+
+    run(deployment, scenario, timeout=20)
+
+
+def test_a_process_slow_to_reassert_after_a_promotion_keeps_its_permit(
+    deployment: Deployment,
+) -> None:
+    """A process live in the workspace when its state was lost may take longer than the grace
+    to put its permits back (its map of the slots not yet renewed, its loop starved of CPU):
+    nothing is admitted there before it has, however long the grace has been over."""
+    deployment.settings = {"recovery_grace_ms": 200}
+    ceiling = profile(providers={"llm": {"concurrency": 1}})
+    holder, other = (deployment.process(register=ceiling) for _ in range(2))
+
+    async def scenario() -> None:
+        held = await holder.controller().acquire(request())
+        # The holder learns of the new epoch only once the gate opens.
+        gate = asyncio.Event()
+        resync = holder.coordinator.resync
+
+        async def slow_resync(workspace_id: str, epoch: str) -> None:
+            await gate.wait()
+            await resync(workspace_id, epoch)
+
+        holder.coordinator.resync = slow_resync
+        # What the promoted replica holds: not the permit, and no epoch.
+        deployment.client.delete(deployment.key("epoch"))
+        holder.coordinator.call_sync(WORKSPACE, ReleaseBatch((Release(held.id),)))
+        assert deployment.active("V:llm") == 0
+        late = asyncio.ensure_future(other.controller().acquire(request("bob", budget="b1")))
+        await asyncio.sleep(1.0)
+        assert not late.done()
+        assert deployment.active("V:llm") == 0
+        gate.set()
+        await until(lambda: deployment.active("V:llm") == 1, timeout=5)
+        await asyncio.sleep(0.5)
+        assert not late.done()
+        held.release(success=True)
+        granted = await asyncio.wait_for(late, 5)
         assert deployment.active("V:llm") == 1
         granted.release(success=True)
         await settle(deployment)
