@@ -14,7 +14,9 @@ command statistics; and Redis memory per principal with a waiter, at 10 000 prin
 asyncio client): the round trip of a function that does nothing (FCALL), a hit of `limits`'
 sliding-window counter (its Redis strategy), and a whole Sluice decision (acquire, then
 release): acquire p50 with one caller, Redis time per hit or decision (INFO commandstats), and
-hits or decisions per second with 1 process x 8 callers and 4 processes x 8 callers.
+hits or decisions per second with 1 process x 8 callers and 4 processes x 8 callers; function or
+script calls and the `redis.call`s inside them per hit or decision, Sluice's round trips per
+decision, and the four ratios against their targets.
 `--cluster` measures on a Redis Cluster (one it starts on loopback unless `--redis` names one):
 nodes touched per decision, and decisions per second with the load on one shard and spread over
 three (see coordination_cluster.py). Asserts nothing.
@@ -284,15 +286,41 @@ def run_kind(
     results = [queue.get(timeout=seconds * 10 + 60) for _ in workers]
     for worker in workers:
         worker.join()
+    trips: dict[str, int] = {}
+    for r in results:
+        for name, n in (r.get("round_trips") or {}).items():
+            trips[name] = trips.get(name, 0) + n
     return {
         "decisions": sum(r["decisions"] for r in results),
         "seconds": max(r["seconds"] for r in results),
         "latencies": [v for r in results for v in r["latencies"]],
+        "round_trips": trips,
     }
 
 
 # Commands whose Redis time a hit or a decision costs (the functions and the scripts).
 SCRIPT_COMMANDS = ("fcall", "evalsha", "eval", "fcall_ro", "evalsha_ro")
+# Commands a benchmark's clients send for themselves, not for a hit or a decision.
+OWN_COMMANDS = ("info", "function|load", "hello", "ping", "select", "config|resetstat")
+
+
+def redis_calls_between(before: dict, after: dict) -> int:
+    """Commands run inside functions and scripts (Redis counts them apart from the FCALL)."""
+    total = 0
+    for name, (calls, _) in after.items():
+        if name in SCRIPT_COMMANDS or name in OWN_COMMANDS or name.startswith("client|"):
+            continue
+        total += calls - before.get(name, (0, 0))[0]
+    return total
+
+
+def script_calls_between(before: dict, after: dict) -> int:
+    return sum(after.get(name, (0, 0))[0] - before.get(name, (0, 0))[0] for name in SCRIPT_COMMANDS)
+
+
+# Targets: acquire p50 <= 2x the no-op FCALL; Redis time per decision <= 3x the anchor's per hit;
+# decisions/s >= 0.5x the anchor's hits/s with 1 x callers and with 4 x callers.
+TARGETS = {"p50": 2.0, "redis": 3.0, "one": 0.5, "four": 0.5}
 
 
 def anchors(url: str, seconds: float, callers: int) -> None:
@@ -306,11 +334,18 @@ def anchors(url: str, seconds: float, callers: int) -> None:
         after = command_usec(client)
         spread = run_kind(kind, url, prefix, seconds, callers, 4)
         usec = redis_usec_between(before, after, SCRIPT_COMMANDS)
+        ops = max(1, loaded["decisions"])
+        trips = loaded["round_trips"]
         rows[kind] = {
             "p50": percentile(alone["latencies"], 0.5),
-            "redis_us": usec / max(1, loaded["decisions"]),
+            "redis_us": usec / ops,
             "one": loaded["decisions"] / loaded["seconds"],
             "four": spread["decisions"] / spread["seconds"],
+            "scripts": script_calls_between(before, after) / ops,
+            "calls": redis_calls_between(before, after) / ops,
+            "acquire": trips.get("acquire", 0) / ops,
+            "release": trips.get("release", 0) / ops,
+            "heartbeat": trips.get("heartbeat", 0) / ops,
         }
     for key in client.scan_iter(f"{prefix}:*", count=5000):
         client.delete(key)
@@ -319,6 +354,7 @@ def anchors(url: str, seconds: float, callers: int) -> None:
     print(
         f"{'':<34}{'p50 µs (1 caller)':>18}{'Redis µs/op':>13}"
         f"{f'ops/s 1x{callers}':>14}{f'ops/s 4x{callers}':>14}"
+        f"{'FCALLs/op':>11}{'redis.calls/op':>16}"
     )
     labels = {
         "noop": "no-op FCALL",
@@ -329,14 +365,32 @@ def anchors(url: str, seconds: float, callers: int) -> None:
         print(
             f"{labels[kind]:<34}{row['p50']:>18,.0f}{row['redis_us']:>13,.1f}"
             f"{row['one']:>14,.0f}{row['four']:>14,.0f}"
+            f"{row['scripts']:>11.2f}{row['calls']:>16.2f}"
         )
     sluice, noop, anchor = rows["sluice"], rows["noop"], rows["limits"]
     print(
-        f"ratios: acquire p50 / no-op FCALL {sluice['p50'] / noop['p50']:.2f}x; Redis time per "
-        f"decision / per limits hit {sluice['redis_us'] / anchor['redis_us']:.1f}x; decisions/s "
-        f"/ limits hits/s {sluice['one'] / anchor['one']:.2f}x (1x{callers}), "
-        f"{sluice['four'] / anchor['four']:.2f}x (4x{callers})"
+        f"Sluice round trips per decision (1x{callers}): acquire {sluice['acquire']:.3f}, "
+        f"release {sluice['release']:.3f} (the rest ride on the next acquire), "
+        f"heartbeat {sluice['heartbeat']:.4f}"
     )
+    ratios = {
+        "p50": sluice["p50"] / noop["p50"],
+        "redis": sluice["redis_us"] / anchor["redis_us"],
+        "one": sluice["one"] / anchor["one"],
+        "four": sluice["four"] / anchor["four"],
+    }
+
+    def verdict(name: str, higher_is_better: bool) -> str:
+        met = ratios[name] >= TARGETS[name] if higher_is_better else ratios[name] <= TARGETS[name]
+        sign = ">=" if higher_is_better else "<="
+        outcome = "met" if met else "not met"
+        return f"{ratios[name]:.2f}x (target {sign} {TARGETS[name]}x: {outcome})"
+
+    print(f"ratio acquire p50 / no-op FCALL p50:             {verdict('p50', False)}")
+    print(f"ratio Redis time per decision / per limits hit:  {verdict('redis', False)}")
+    print(f"ratio decisions/s / limits hits/s, 1x{callers}:          {verdict('one', True)}")
+    print(f"ratio decisions/s / limits hits/s, 4x{callers}:          {verdict('four', True)}")
+    print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 def main() -> None:

@@ -374,14 +374,27 @@ def _phases(
     last_answer = max(answered, default=math.nan)
     wake = _first(events, "Runner.wake.start", marks["submit"])
     claimed = _first(events, "dispatch.runs_claim.end", wake)
+    claim_asked = max(
+        (
+            e["at"]
+            for e in events
+            if e["event"] == "dispatch.runs_claim.start" and e["at"] <= claimed
+        ),
+        default=math.nan,
+    )
+    prepared = _first(events, "Runner._start.end", claimed)
+    evaluating = _first(events, "execute.evaluate.start", claimed)
     opened = _first(events, "ReceiptJournal.open.end")
     evaluated = _last(events, "execute.evaluate.end")
     finished = _last(events, "runs.run_finish.end")
     run = [
         ("submit: POST answered", marks["submit"], marks["posted"]),
         ("POST answered -> doorbell at the worker", marks["posted"], wake),
-        ("doorbell -> run claimed", wake, claimed),
-        ("claimed -> receipt open", claimed, opened),
+        ("doorbell -> claim asked", wake, claim_asked),
+        ("claim asked -> run claimed", claim_asked, claimed),
+        ("claimed -> run prepared (boundary, plan)", claimed, prepared),
+        ("prepared -> evaluation started", prepared, evaluating),
+        ("evaluation started -> receipt open", evaluating, opened),
         ("receipt open -> first attempt", opened, first_start),
         ("first attempt -> first call at provider", first_start, min(arrived, default=math.nan)),
         ("first call -> last answer at provider", min(arrived, default=math.nan), last_answer),

@@ -46,7 +46,7 @@ def flush() -> None:
         taken = _pending[:]
         del _pending[: len(taken)]
         for at, event, fields in taken:
-            _out.write(json.dumps({"at": at, "event": event, **fields}) + "\n")
+            _out.write(json.dumps({"at": at, "event": event, **fields}, default=str) + "\n")
         _out.flush()
 
 
@@ -106,7 +106,9 @@ def install() -> None:
     def decision(_self: Any, index: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {"index": index}
 
-    def attempt(ctx: Any, index: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    def attempt(ctx: Any, place: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        # `run_attempt(ctx, place)`, or `(ctx, index, ...)` in the release before.
+        index = int(getattr(place, "index", place))
         # The attempt's task runs its admission request: that note names the decision too.
         _decision.set(index)
         return {"index": index}

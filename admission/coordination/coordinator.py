@@ -213,8 +213,7 @@ class RedisCoordinator:
         if self._loop is not None and not self._closed:
             # Releases not sent yet go now; decisions counted here are reported (bounded).
             self._flush_releases()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.push_counts(), self._close_grace_s())
+            self.push_counts()
         self._closed = True
         tasks = list(self._tasks)
         for task in tasks:
@@ -273,12 +272,13 @@ class RedisCoordinator:
         self._flush_releases()
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
-        await self.push_counts()
+        self.push_counts()
 
-    async def push_counts(self) -> None:
-        """Report the decisions counted here since the last heartbeat now (counts only: no
-        renewal, no audit), one call per hash slot."""
-        if self._loop is None or self._closed:
+    def push_counts(self) -> None:
+        """Report the decisions counted here since the last heartbeat now: counts only (no
+        renewal, no audit), one call per hash slot, on the synchronous client so that nothing
+        else of this process moves meanwhile (settling is a quiet point)."""
+        if self._closed:
             return
         counts = {ws: dict(counter) for ws, counter in self.local_counts.items() if counter}
         if not counts:
@@ -294,7 +294,7 @@ class RedisCoordinator:
             beat.counts[ws] = by_label
         for beat in groups.values():
             try:
-                await self._heartbeat_call(beat)
+                self._call_sync(beat.key, self._header("", ""), beat)
             except CoordinationUnavailable:
                 # Kept for the next beat.
                 for ws, by_label in beat.counts.items():
@@ -403,20 +403,22 @@ class RedisCoordinator:
 
     def call_sync(self, workspace_id: str, call: Call[R]) -> R:
         """Run one function from outside the event loop (profile installs, operator views)."""
-        client = self._sync()
-        name = call.entry
         # A synchronous caller cannot re-assert permits; it speaks for no epoch.
-        header = self._header(workspace_id, "")
-        args = call.pack()
         key = route_key(self.settings.prefix, workspace_id)
+        return self._call_sync(key, self._header(workspace_id, ""), call)
+
+    def _call_sync(self, key: str, header: list[bytes], call: Call[R]) -> R:
+        client = self._sync()
+        name = function_name(call.entry)
+        args = call.pack()
         try:
             try:
-                raw = client.fcall(function_name(name), 1, key, *header, *args)
+                raw = client.fcall(name, 1, key, *header, *args)
             except redis.ResponseError as error:
                 if not is_missing_function(error):
                     raise
                 client.function_load(library_code(), replace=True)
-                raw = client.fcall(function_name(name), 1, key, *header, *args)
+                raw = client.fcall(name, 1, key, *header, *args)
         except (redis.RedisError, OSError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         return call.parse(json.loads(raw))

@@ -55,6 +55,7 @@ __all__ = [
     "TARGET_DEADLINE",
     "TOTAL_DEADLINE",
     "AttemptContext",
+    "AttemptPlace",
     "is_deadline",
     "run_attempt",
 ]
@@ -107,32 +108,39 @@ class _SignalFired(Exception):
     """The composed signal cut an adapter call short."""
 
 
-async def run_attempt(
-    ctx: AttemptContext,
-    index: int,
-    decision: Decision,
-    prompt: str,
-    target_index: int,
-    target: Target,
-    number: int,
-) -> tuple[AttemptRecord, Any]:
+@dataclass(frozen=True, slots=True)
+class AttemptPlace:
+    """Where one attempt stands in its run: the decision (and its index in the ruleset, which
+    names its receipts), its rendered prompt, the target (and its index) and the attempt's
+    number on that target."""
+
+    index: int
+    decision: Decision
+    prompt: str
+    target_index: int
+    target: Target
+    number: int
+
+
+async def run_attempt(ctx: AttemptContext, place: AttemptPlace) -> tuple[AttemptRecord, Any]:
     """Run one attempt; returns its record and, when it succeeded, the parsed output.
 
-    Its parameters are where the attempt stands in the run (the decision, its rendered prompt,
-    the target and the attempt's number), which the scheduler and the records both need as
-    they are; the steps (estimate, admission, dispatch) read top to bottom in one place."""
+    The phases, in this order: the estimate (a failing one sends nothing), the admission request
+    under the attempt's own signal (the run's signal and the target's timer), and for an
+    admitted attempt the dispatch (`_Call`)."""
     started = ctx.elapsed_ms()
+    target = place.target
     base: dict[str, Any] = {
-        "target_index": target_index,
+        "target_index": place.target_index,
         "adapter_id": target.adapter,
         "model": target.model,
-        "number": number,
+        "number": place.number,
     }
     try:
-        estimate = ctx.estimate(decision, target, prompt)
+        estimate = ctx.estimate(place.decision, target, place.prompt)
     except Exception:
         # A failing host estimate stops the attempt before anything is sent.
-        logger.exception("estimate callback failed for decision %s", decision.id)
+        logger.exception("estimate callback failed for decision %s", place.decision.id)
         record = AttemptRecord(
             **base,
             sent=False,
@@ -142,97 +150,130 @@ async def run_attempt(
             ended_ms=ctx.elapsed_ms(),
         )
         return record, None
-    # One composed signal per attempt: the run's (caller, total deadline) and a target timer.
-    signal = CancelSignal.any(ctx.run_signal)
-    timer = asyncio.get_running_loop().call_later(
-        target.timeout_ms / 1000.0, signal.cancel, TARGET_DEADLINE
-    )
-    deadline = ctx.clock.monotonic_ms() + target.timeout_ms
-    if ctx.deadline_ms is not None:
-        deadline = min(deadline, ctx.deadline_ms)
-    request = AdmissionRequest(
-        ctx.budget_id,
-        ctx.principal_id,
-        ctx.workspace_id,
-        target.adapter,
-        estimate,
-        deadline_ms=deadline,
-        signal=signal,
-    )
-    span = ctx.telemetry.start(request, target.adapter) if ctx.telemetry is not None else None
-    mirror = ctx.shadow.mirror(request, retry=number > 1) if ctx.shadow is not None else None
-    outage = _OutageWait()
-    deferrals = ctx.deferrals
-    if deferrals is not None:
-        deferrals.follow(request)
+    attempt = _Attempt.open(ctx, place, estimate, base, started)
     try:
         try:
-            lease = await _acquire(ctx, request, signal, outage)
+            lease = await _acquire(ctx, attempt.request, attempt.signal, attempt.outage)
         except AdmissionRejected as rejection:
-            if deferrals is not None:
-                waited = rejection.evidence.queue_delay_ms if rejection.evidence else None
-                base["deferred_by"] = tuple(deferrals.reasons(request, waited)) or None
-                deferrals = None
-            if mirror is not None:
-                mirror.rejected(rejection)
-            if span is not None:
-                span.rejected(rejection)
-            deadline_fired = is_deadline(signal.reason)
-            if rejection.reason in INFRASTRUCTURE_REASONS:
-                # Waited out until the signal fired: a deadline (`timeout`) or a cancel.
-                outcome = outcome_for_rejection("cancelled", deadline_fired=deadline_fired)
-                retryable = False
-            else:
-                outcome = outcome_for_rejection(rejection.reason, deadline_fired=deadline_fired)
-                retryable = rejection.retryable
-            record = AttemptRecord(
-                **base,
-                sent=False,
-                outcome=outcome,
-                reason=rejection.reason,
-                retryable=retryable,
-                evidence=rejection.evidence.to_dict() if rejection.evidence is not None else None,
-                retry_after_ms=rejection.retry_after_ms,
-                started_ms=started,
-                ended_ms=ctx.elapsed_ms(),
-            )
-            return outage.noted(record), None
+            return attempt.outage.noted(attempt.rejected(rejection)), None
         except BaseException:
-            if deferrals is not None:
-                deferrals.reasons(request, None)
-                deferrals = None
-            if mirror is not None:
-                mirror.abandoned()
-            if span is not None:
-                span.abandoned()
+            attempt.abandoned()
             raise
-        if deferrals is not None:
-            waited = lease.evidence.queue_delay_ms
-            base["deferred_by"] = tuple(deferrals.reasons(request, waited)) or None
-            deferrals = None
-        if mirror is not None:
-            mirror.admitted(lease)
-        if span is not None:
-            span.admitted(lease.evidence)
-        record, output = await _dispatch(
-            ctx,
-            index,
-            decision,
-            prompt,
-            target,
-            number,
-            lease,
-            signal,
-            span,
-            base,
-            started,
-            mirror,
-            deadline,
-        )
-        return outage.noted(record), output
+        attempt.admitted(lease)
+        record, output = await _Call(attempt, lease).run()
+        return attempt.outage.noted(record), output
     finally:
-        timer.cancel()
-        signal.dispose()
+        attempt.timer.cancel()
+        attempt.signal.dispose()
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """One estimated attempt: its request and signal, and who watches its admission (the
+    telemetry span, the shadow's mirror, the deferral log, the outage wait). Its fields are not
+    changed once it is open (not frozen only because a frozen class is slower to build, and
+    this is built for every provider call)."""
+
+    ctx: AttemptContext
+    place: AttemptPlace
+    # The record's fields that every outcome of this attempt shares.
+    base: dict[str, Any]
+    started: float
+    signal: CancelSignal
+    timer: asyncio.TimerHandle
+    # The attempt's deadline; an aborted call's permit is held until then at most.
+    deadline: float
+    request: AdmissionRequest
+    span: Any
+    mirror: ShadowCall | None
+    outage: _OutageWait
+
+    @classmethod
+    def open(
+        cls,
+        ctx: AttemptContext,
+        place: AttemptPlace,
+        estimate: Any,
+        base: dict[str, Any],
+        started: float,
+    ) -> _Attempt:
+        """Compose the attempt's signal (the run's, and a timer for the target's timeout), its
+        request, and start the span, the mirror and the deferral log's watch on it."""
+        target = place.target
+        signal = CancelSignal.any(ctx.run_signal)
+        timer = asyncio.get_running_loop().call_later(
+            target.timeout_ms / 1000.0, signal.cancel, TARGET_DEADLINE
+        )
+        deadline = ctx.clock.monotonic_ms() + target.timeout_ms
+        if ctx.deadline_ms is not None:
+            deadline = min(deadline, ctx.deadline_ms)
+        request = AdmissionRequest(
+            ctx.budget_id,
+            ctx.principal_id,
+            ctx.workspace_id,
+            target.adapter,
+            estimate,
+            deadline_ms=deadline,
+            signal=signal,
+        )
+        span = ctx.telemetry.start(request, target.adapter) if ctx.telemetry is not None else None
+        retry = place.number > 1
+        mirror = ctx.shadow.mirror(request, retry=retry) if ctx.shadow is not None else None
+        outage = _OutageWait()
+        if ctx.deferrals is not None:
+            ctx.deferrals.follow(request)
+        return cls(
+            ctx, place, base, started, signal, timer, deadline, request, span, mirror, outage
+        )
+
+    def _deferred_by(self, waited_ms: float | None) -> None:
+        deferrals = self.ctx.deferrals
+        if deferrals is not None:
+            self.base["deferred_by"] = tuple(deferrals.reasons(self.request, waited_ms)) or None
+
+    def rejected(self, rejection: AdmissionRejected) -> AttemptRecord:
+        """Tell the watchers, and record the refusal (waited out when our own infrastructure
+        refused, until the signal fired: a deadline or a cancel)."""
+        self._deferred_by(rejection.evidence.queue_delay_ms if rejection.evidence else None)
+        if self.mirror is not None:
+            self.mirror.rejected(rejection)
+        if self.span is not None:
+            self.span.rejected(rejection)
+        deadline_fired = is_deadline(self.signal.reason)
+        if rejection.reason in INFRASTRUCTURE_REASONS:
+            outcome = outcome_for_rejection("cancelled", deadline_fired=deadline_fired)
+            retryable = False
+        else:
+            outcome = outcome_for_rejection(rejection.reason, deadline_fired=deadline_fired)
+            retryable = rejection.retryable
+        return AttemptRecord(
+            **self.base,
+            sent=False,
+            outcome=outcome,
+            reason=rejection.reason,
+            retryable=retryable,
+            evidence=rejection.evidence.to_dict() if rejection.evidence is not None else None,
+            retry_after_ms=rejection.retry_after_ms,
+            started_ms=self.started,
+            ended_ms=self.ctx.elapsed_ms(),
+        )
+
+    def abandoned(self) -> None:
+        """The admission request was left (the task stopped): the watchers hear so."""
+        if self.ctx.deferrals is not None:
+            self.ctx.deferrals.reasons(self.request, None)
+        if self.mirror is not None:
+            self.mirror.abandoned()
+        if self.span is not None:
+            self.span.abandoned()
+
+    def admitted(self, lease: Any) -> None:
+        """Admission granted `lease`: the watchers hear so before anything is sent."""
+        self._deferred_by(lease.evidence.queue_delay_ms)
+        if self.mirror is not None:
+            self.mirror.admitted(lease)
+        if self.span is not None:
+            self.span.admitted(lease.evidence)
 
 
 class _OutageWait:
@@ -297,188 +338,238 @@ async def _pause(signal: CancelSignal, wait_ms: float) -> bool:
         unsubscribe()
 
 
-async def _dispatch(
-    ctx: AttemptContext,
-    index: int,
-    decision: Decision,
-    prompt: str,
-    target: Target,
-    number: int,
-    lease: Any,
-    signal: CancelSignal,
-    span: Any,
-    base: dict[str, Any],
-    started: float,
-    mirror: ShadowCall | None,
-    hold_until_ms: float,
-) -> tuple[AttemptRecord, Any]:
-    """Send one admitted attempt to its adapter and settle its lease, receipt and shadow call.
+class _Call:
+    """One admitted attempt sent to its adapter, and its lease settled afterwards.
 
-    Long, and with many parameters, on purpose: everything between the admission and the
-    lease's release is one critical section (the receipt journal's dispatch mark, the call under
-    the cancel signal, and the lease's release with the span and the shadow call), and
-    `run_attempt` has already computed each argument once; splitting it would hand the same
-    state around in pieces."""
-    evidence = lease.evidence.to_dict()
-    adapter = ctx.adapters[target.adapter]
-    # A provider that documents stopping work on an aborted call sooner shortens the hold.
-    cutoff_ms = getattr(adapter, "abort_cutoff_ms", None)
+    In this order: the receipt journal marks the slot dispatched (durable before the adapter
+    is called), the adapter is called under the attempt's signal, the outcome is recorded, and
+    the lease is released (with the span and the shadow call) at once, or after a hold when the
+    call was aborted while the provider may still work on it. What the outcome learned
+    (success, tokens, cost, pauses) is kept here for the release, which may run later."""
 
-    def hold_end() -> float:
-        if cutoff_ms is None:
-            return hold_until_ms
-        return min(hold_until_ms, ctx.clock.monotonic_ms() + cutoff_ms)
+    __slots__ = (
+        "adapter",
+        "attempt",
+        "cost",
+        "cutoff_ms",
+        "evidence",
+        "hold_reason",
+        "lease",
+        "pause_ms",
+        "retry_after_ms",
+        "success",
+        "tokens",
+    )
 
-    # Set while the adapter call is under way: leaving then means the call was aborted.
-    calling = False
-    # Why the permit outlives an aborted call that may still run at the provider.
-    hold_reason: str | None = None
-    success: bool | None = None
-    retry_after_ms: float | None = None
-    pause_ms: float | None = None
-    tokens: int | None = None
-    cost: float | None = None
-    output: Any = None
-    try:
-        if ctx.journal is not None:
-            provisional = AttemptRecord(
-                **base,
-                sent=True,
-                outcome=EXECUTION_UNCERTAIN,
-                reason="dispatched",
-                evidence=evidence,
-                started_ms=started,
-            )
-            await ctx.journal.mark_dispatch(index, provisional)
-        call = AdapterCall(decision.id, prompt, target, decision.output, number, signal)
-        calling = True
-        try:
-            response = await _invoke(adapter, call, signal)
-        except AdapterError as error:
-            success = None if error.provider_failure is None else not error.provider_failure
-            if error.kind == RATE_LIMITED:
-                retry_after_ms = error.retry_after_ms
-            elif error.retry_after_ms is not None:
-                pause_ms = error.retry_after_ms
-            tokens = count_or_none(error.total_tokens)
-            if error.kind in _NOT_PROCESSED and tokens is None:
-                # Refused or never delivered: the provider used nothing, so nothing stays reserved.
-                tokens, cost = 0, 0.0
-            outcome = EXECUTION_UNCERTAIN if error.kind == UNCERTAIN else _error_outcome(error)
-            record = AttemptRecord(
-                **base,
-                sent=error.sent,
-                outcome=outcome,
-                reason=error.reason,
-                retryable=error.retryable,
-                evidence=evidence,
-                retry_after_ms=error.retry_after_ms,
-                tokens=tokens,
-                started_ms=started,
-                ended_ms=ctx.elapsed_ms(),
-                cost_usd=cost,
-            )
-        except _SignalFired:
-            held = None
-            cause = "timeout" if is_deadline(signal.reason) else "cancelled"
-            if cause == "cancelled" and hold_end() > ctx.clock.monotonic_ms():
-                hold_reason = signal.reason or cause
-                held = _hold_evidence(ctx, hold_reason, hold_end())
-            record = AttemptRecord(
-                **base,
-                sent=True,
-                outcome=EXECUTION_UNCERTAIN,
-                reason=cause,
-                retryable=True,
-                evidence=evidence,
-                started_ms=started,
-                ended_ms=ctx.elapsed_ms(),
-                permit_held=held,
-            )
-        except Exception as error:
-            # The adapter broke after dispatch: nobody knows whether the provider acted.
-            logger.warning(
-                "adapter %s raised %s for decision %s",
-                target.adapter,
-                type(error).__name__,
-                decision.id,
-            )
-            record = AttemptRecord(
-                **base,
-                sent=True,
-                outcome=EXECUTION_UNCERTAIN,
-                reason="adapter-exception",
-                retryable=True,
-                evidence=evidence,
-                started_ms=started,
-                ended_ms=ctx.elapsed_ms(),
-            )
-        else:
-            success = True
-            tokens = count_or_none(response.total_tokens)
-            cost = response.cost_usd
-            if cost is None and tokens is not None and target.cost_per_token_usd is not None:
-                cost = tokens * target.cost_per_token_usd
-            try:
-                output = decision.output.parse(response.answer)
-                outcome, reason, retryable = SUCCEEDED, "answered", False
-            except InvalidOutputError as error:
-                outcome, reason, retryable = INVALID_OUTPUT, str(error), True
-            record = AttemptRecord(
-                **base,
-                sent=True,
-                outcome=outcome,
-                reason=reason,
-                retryable=retryable,
-                evidence=evidence,
-                tokens=tokens,
-                started_ms=started,
-                ended_ms=ctx.elapsed_ms(),
-                cost_usd=float(cost) if valid_amount(cost) else None,
-            )
+    def __init__(self, attempt: _Attempt, lease: Any) -> None:
+        self.attempt = attempt
+        self.lease = lease
+        self.evidence = lease.evidence.to_dict()
+        self.adapter = attempt.ctx.adapters[attempt.place.target.adapter]
+        # A provider that documents stopping work on an aborted call sooner shortens the hold.
+        self.cutoff_ms: float | None = getattr(self.adapter, "abort_cutoff_ms", None)
+        # Why the permit outlives an aborted call that may still run at the provider.
+        self.hold_reason: str | None = None
+        self.success: bool | None = None
+        self.retry_after_ms: float | None = None
+        self.pause_ms: float | None = None
+        self.tokens: int | None = None
+        self.cost: float | None = None
+
+    async def run(self) -> tuple[AttemptRecord, Any]:
+        attempt = self.attempt
+        place = attempt.place
+        # Set while the adapter call is under way: leaving then means the call was aborted.
         calling = False
-    finally:
-        if calling:
-            # This task was stopped mid-call (its run was taken away, or the worker stops).
-            hold_reason = "call-abandoned"
-
-        def release() -> None:
+        try:
+            if attempt.ctx.journal is not None:
+                await self._mark_dispatch(attempt.ctx.journal)
+            call = AdapterCall(
+                place.decision.id,
+                place.prompt,
+                place.target,
+                place.decision.output,
+                place.number,
+                attempt.signal,
+            )
+            calling = True
             try:
-                lease.release(
-                    success=success,
-                    retry_after_ms=retry_after_ms,
-                    actual_tokens=tokens,
-                    actual_cost_usd=cost if valid_amount(cost) else None,
-                )
-            finally:
-                if pause_ms is not None:
-                    ctx.controller.coordinate_retry_after(target.adapter, pause_ms)
-                if mirror is not None:
-                    mirror.released(
-                        lease,
-                        success=success,
-                        actual_tokens=tokens,
-                        actual_cost_usd=cost if valid_amount(cost) else None,
-                        retry_after_ms=retry_after_ms,
-                    )
-                if span is not None:
-                    span.released(lease.evidence)
+                response = await _invoke(self.adapter, call, attempt.signal)
+            except AdapterError as error:
+                record, output = self._failed(error), None
+            except _SignalFired:
+                record, output = self._aborted(), None
+            except Exception as error:
+                record, output = self._broke(error), None
+            else:
+                record, output = self._answered(response)
+            calling = False
+        finally:
+            if calling:
+                # This task was stopped mid-call (its run was taken away, or the worker stops).
+                self.hold_reason = "call-abandoned"
+            self._settle()
+        return record, output
 
-        if hold_reason is None:
-            release()
-        else:
-            hold_s = (hold_end() - ctx.clock.monotonic_ms()) / 1000.0
-            if hold_s > 0:
-                logger.warning(
-                    "call to %s for decision %s aborted (%s) after it may have reached the "
-                    "provider: its permit is held %.1f s more, until the call's timeout",
-                    target.adapter,
-                    decision.id,
-                    hold_reason,
-                    hold_s,
+    async def _mark_dispatch(self, journal: ReceiptJournal) -> None:
+        """Make the attempt's slot durable as dispatched before the adapter is called."""
+        attempt = self.attempt
+        provisional = AttemptRecord(
+            **attempt.base,
+            sent=True,
+            outcome=EXECUTION_UNCERTAIN,
+            reason="dispatched",
+            evidence=self.evidence,
+            started_ms=attempt.started,
+        )
+        await journal.mark_dispatch(attempt.place.index, provisional)
+
+    def _record(self, **fields: Any) -> AttemptRecord:
+        """The record of a sent attempt (``sent`` may say otherwise), ended now."""
+        attempt = self.attempt
+        return AttemptRecord(
+            **attempt.base,
+            evidence=self.evidence,
+            started_ms=attempt.started,
+            ended_ms=attempt.ctx.elapsed_ms(),
+            **fields,
+        )
+
+    def _failed(self, error: AdapterError) -> AttemptRecord:
+        """The adapter reported a failure: what the provider used, and when to try again."""
+        self.success = None if error.provider_failure is None else not error.provider_failure
+        if error.kind == RATE_LIMITED:
+            self.retry_after_ms = error.retry_after_ms
+        elif error.retry_after_ms is not None:
+            self.pause_ms = error.retry_after_ms
+        self.tokens = count_or_none(error.total_tokens)
+        if error.kind in _NOT_PROCESSED and self.tokens is None:
+            # Refused or never delivered: the provider used nothing, so nothing stays reserved.
+            self.tokens, self.cost = 0, 0.0
+        outcome = EXECUTION_UNCERTAIN if error.kind == UNCERTAIN else _error_outcome(error)
+        return self._record(
+            sent=error.sent,
+            outcome=outcome,
+            reason=error.reason,
+            retryable=error.retryable,
+            retry_after_ms=error.retry_after_ms,
+            tokens=self.tokens,
+            cost_usd=self.cost,
+        )
+
+    def _aborted(self) -> AttemptRecord:
+        """The signal cut the call short; a cancelled call may still run at the provider, so
+        its permit is held (a timed-out one has ended there too)."""
+        signal = self.attempt.signal
+        clock = self.attempt.ctx.clock
+        held = None
+        cause = "timeout" if is_deadline(signal.reason) else "cancelled"
+        if cause == "cancelled" and self._hold_end() > clock.monotonic_ms():
+            self.hold_reason = signal.reason or cause
+            held = _hold_evidence(self.attempt.ctx, self.hold_reason, self._hold_end())
+        return self._record(
+            sent=True,
+            outcome=EXECUTION_UNCERTAIN,
+            reason=cause,
+            retryable=True,
+            permit_held=held,
+        )
+
+    def _broke(self, error: Exception) -> AttemptRecord:
+        """The adapter broke after dispatch: nobody knows whether the provider acted."""
+        logger.warning(
+            "adapter %s raised %s for decision %s",
+            self.attempt.place.target.adapter,
+            type(error).__name__,
+            self.attempt.place.decision.id,
+        )
+        return self._record(
+            sent=True,
+            outcome=EXECUTION_UNCERTAIN,
+            reason="adapter-exception",
+            retryable=True,
+        )
+
+    def _answered(self, response: Any) -> tuple[AttemptRecord, Any]:
+        """The provider answered: its usage and cost, and the answer parsed (or refused)."""
+        decision = self.attempt.place.decision
+        target = self.attempt.place.target
+        self.success = True
+        self.tokens = tokens = count_or_none(response.total_tokens)
+        cost = response.cost_usd
+        if cost is None and tokens is not None and target.cost_per_token_usd is not None:
+            cost = tokens * target.cost_per_token_usd
+        self.cost = cost
+        output = None
+        try:
+            output = decision.output.parse(response.answer)
+            outcome, reason, retryable = SUCCEEDED, "answered", False
+        except InvalidOutputError as error:
+            outcome, reason, retryable = INVALID_OUTPUT, str(error), True
+        record = self._record(
+            sent=True,
+            outcome=outcome,
+            reason=reason,
+            retryable=retryable,
+            tokens=tokens,
+            cost_usd=float(cost) if valid_amount(cost) else None,
+        )
+        return record, output
+
+    def _hold_end(self) -> float:
+        """Until when an aborted call's permit is held: the attempt's deadline, or sooner when
+        the provider documents a cutoff."""
+        deadline = self.attempt.deadline
+        if self.cutoff_ms is None:
+            return deadline
+        return min(deadline, self.attempt.ctx.clock.monotonic_ms() + self.cutoff_ms)
+
+    def _settle(self) -> None:
+        """Release the lease now, or hold it when the call was aborted after it may have
+        reached the provider."""
+        if self.hold_reason is None:
+            self._release()
+            return
+        ctx = self.attempt.ctx
+        hold_s = (self._hold_end() - ctx.clock.monotonic_ms()) / 1000.0
+        if hold_s > 0:
+            logger.warning(
+                "call to %s for decision %s aborted (%s) after it may have reached the "
+                "provider: its permit is held %.1f s more, until the call's timeout",
+                self.attempt.place.target.adapter,
+                self.attempt.place.decision.id,
+                self.hold_reason,
+                hold_s,
+            )
+        hold_release(hold_s, self._release)
+
+    def _release(self) -> None:
+        """Release the lease with what the call learned; a provider's pause is shared and the
+        span and the shadow call hear of it even when the release fails."""
+        attempt = self.attempt
+        cost = self.cost if valid_amount(self.cost) else None
+        try:
+            self.lease.release(
+                success=self.success,
+                retry_after_ms=self.retry_after_ms,
+                actual_tokens=self.tokens,
+                actual_cost_usd=cost,
+            )
+        finally:
+            if self.pause_ms is not None:
+                attempt.ctx.controller.coordinate_retry_after(
+                    attempt.place.target.adapter, self.pause_ms
                 )
-            hold_release(hold_s, release)
-    return record, output
+            if attempt.mirror is not None:
+                attempt.mirror.released(
+                    self.lease,
+                    success=self.success,
+                    actual_tokens=self.tokens,
+                    actual_cost_usd=cost,
+                    retry_after_ms=self.retry_after_ms,
+                )
+            if attempt.span is not None:
+                attempt.span.released(self.lease.evidence)
 
 
 def _hold_evidence(ctx: AttemptContext, reason: str, until_ms: float) -> dict[str, Any]:

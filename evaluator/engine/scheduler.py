@@ -21,7 +21,13 @@ from admission.core import (
     ProfileConflictError,
 )
 from evaluator.engine.adapters.base import Adapter
-from evaluator.engine.attempts import TOTAL_DEADLINE, AttemptContext, is_deadline, run_attempt
+from evaluator.engine.attempts import (
+    TOTAL_DEADLINE,
+    AttemptContext,
+    AttemptPlace,
+    is_deadline,
+    run_attempt,
+)
 from evaluator.engine.deferrals import DeferralLog
 from evaluator.engine.errors import InvalidDefinitionError
 from evaluator.engine.estimates import EstimateFn, default_estimate
@@ -414,9 +420,8 @@ class _Run:
                 if prompt is None:
                     record, output = self._prompt_refused(target_index, target, number), None
                 else:
-                    record, output = await run_attempt(
-                        self.ctx, index, decision, prompt, target_index, target, number
-                    )
+                    place = AttemptPlace(index, decision, prompt, target_index, target, number)
+                    record, output = await run_attempt(self.ctx, place)
                 attempts.append(record)
                 if record.evidence is not None and record.evidence.get("decision") == "admit":
                     self.admitted[target.adapter] = self.admitted.get(target.adapter, 0) + 1

@@ -285,6 +285,8 @@ class Runner:
 
     def _tick(self) -> None:
         now = time.monotonic()
+        # Queued runs first: a doorbell's run starts before the housekeeping below.
+        self._claim_runs()
         if now >= self._next_beat:
             self._beat()
             self._next_beat = now + float(settings.SLUICE_RUN_HEARTBEAT_SECONDS)
@@ -295,11 +297,17 @@ class Runner:
             # Other workers' heartbeats are judged only after a stale window in which this
             # worker's own beats went through without a gap (dispatch.HeartbeatTrust).
             trusts = self._trust.trusts
-            self.counters.swept += len(dispatch.runs_sweep(trust_heartbeats=trusts))
+            swept = len(dispatch.runs_sweep(trust_heartbeats=trusts))
+            self.counters.swept += swept
             self.counters.swept += len(load_dispatch.load_runs_sweep(trust_heartbeats=trusts))
             self._next_sweep = now + float(settings.SLUICE_DISPATCH_POLL_SECONDS)
+            if swept:
+                # Back in the backlog: claimed now, not at the next poll.
+                self._claim_runs()
         if self._claiming:
             self._claim_load_runs()
+
+    def _claim_runs(self) -> None:
         free = min(self.slots - self.busy(), self.slots * _WAITING_FACTOR - self.in_flight())
         if not self._claiming or free <= 0:
             return

@@ -261,3 +261,29 @@ def test_an_adapter_of_its_own_opens_a_connection_per_adapter(server):
 
     asyncio.run(main())
     assert len({entry["peer"] for entry in server.requests}) == 2
+
+
+def test_shared_clients_never_queue_a_call_behind_a_connection_cap(server):
+    """Admission bounds the calls in flight: runs sharing a client together send every call at
+    once, even past one adapter's `max_connections`."""
+    server.default = Reply(delay=0.3)
+    clients = SharedClients()
+
+    async def main():
+        adapters = [
+            OpenAIChatAdapter(
+                base_url=server.base_url,
+                api_key_env="SLUICE_TEST_KEY",
+                max_connections=2,
+                clients=clients,
+            )
+            for _ in range(2)
+        ]
+        try:
+            await asyncio.gather(*(adapters[i % 2].invoke(call()) for i in range(5)))
+        finally:
+            await clients.aclose()
+
+    asyncio.run(main())
+    assert len(server.requests) == 5
+    assert server.max_in_flight == 5

@@ -20,12 +20,16 @@
 --                                                    restarted Redis starts a new one
 --   P:{ws}:procs             zset  process -> lease expiry (server ms), processes acting here
 --   P:{ws}:g:<process>       list  grants and verdicts for that process's waiters (BLPOP)
---   P:{ws}:prof              hash  rev, pseq, dg, W, V:<provider>, P:<principal>, rsv
+--   P:{ws}:prof              hash  rev, pseq, dg, and one flat field of limits per scope (W,
+--                                  V:<provider>, P:<principal>; see LIMIT_FIELDS), rsv
 --   P:{ws}:meta              hash  rr (rotation counter), wk (next time-based wake, server ms)
---   P:{ws}:s:W | s:P:<id> | s:V:<id> | s:X:<provider>:<principal>
---                            hash  a (active) q (queued) rl rt (request bucket level, time)
---                                  tl tt (token bucket) h ht (token holder, its tokens)
---                                  pz (pause until) bs bf bg bo bp (breaker)
+--   P:{ws}:s                 hash  one field per scope (W, P:<id>, V:<id>, X:<provider><id>),
+--                                  its value the scope's state packed (see FIELDS): a (active)
+--                                  q (queued) rl rt (request bucket level, time) tl tt (token
+--                                  bucket) h ht (token holder, its tokens) pz (pause until)
+--                                  bs bf bg bo bp (breaker) pl (last retry-pressure event);
+--                                  in W also tb (when the last tombstone lapses) and ox (grants
+--                                  may be pending). Expires IDLE_TTL after the workspace idles.
 --   P:{ws}:b:<budget>        hash  invocation budgets per scope and repeat counts
 --   P:{ws}:pr:<provider>     list  retry-pressure events (server ms), 60 s window
 --   P:{ws}:L                 hash  lease id -> lease (`off`: a grant not yet taken, see take)
@@ -35,7 +39,9 @@
 --   P:{ws}:q:<lane>          list  waiter ids of one (provider, principal) lane, oldest first
 --   P:{ws}:rot               zset  lane -> rotation position (least recently served first)
 --   P:{ws}:bt                list  breaker transitions, newest first, bounded
---   P:{ws}:ct:<minute>       hash  decisions of one minute by provider|decision|reason (2 h)
+--   P:{ws}:ct:<minute>       hash  decisions of one minute by provider|decision|reason (2 h);
+--                                  a caller counts its own acquires and reports them with its
+--                                  heartbeat (or on settling), the functions count the rest
 --   P:{ws}:tot               hash  the same, totals since the state began
 
 -- The arguments and the time of the call being served; `begin` sets them for every call.
@@ -77,15 +83,23 @@ local function is_idle(a, q, h)
   return (a or 0) == 0 and (q or 0) == 0 and h == nil
 end
 
+-- Whole numbers below 2^53 print exactly as integers; others keep 17 significant digits.
+local function num(v)
+  if v == floor(v) and v < 9007199254740992 and v > -9007199254740992 then
+    return string.format('%d', v)
+  end
+  return string.format('%.17g', v)
+end
+
 local function pack_scope(s)
   local parts, last = {}, 0
-  for i, f in ipairs(FIELDS) do
+  for i = 1, #FIELDS do
+    local f = FIELDS[i]
     local v = s[f]
-    if v ~= nil and ZERO_IS_DEFAULT[f] and v == 0 then v = nil end
-    if v == nil then
+    if v == nil or (v == 0 and ZERO_IS_DEFAULT[f]) then
       parts[i] = ''
     else
-      parts[i] = TEXT[f] and v or string.format('%.17g', v)
+      if TEXT[f] then parts[i] = v else parts[i] = num(v) end
       last = i
     end
   end

@@ -69,11 +69,9 @@ def _finite_non_negative(raw: str) -> float | None:
     return value
 
 
-def _client(max_connections: int) -> httpx.AsyncClient:
+def _client(max_connections: int | None, keep_alive: int) -> httpx.AsyncClient:
     return httpx.AsyncClient(
-        limits=httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        ),
+        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=keep_alive),
         timeout=httpx.Timeout(30.0, connect=CONNECT_TIMEOUT_S),
     )
 
@@ -101,7 +99,10 @@ class SharedClients:
         key = (id(loop), base_url)
         found = self._clients.get(key)
         if found is None or found[0] is not loop or found[1].is_closed:
-            found = self._clients[key] = (loop, _client(max_connections))
+            # No cap on connections at once: admission bounds the calls in flight, and the runs
+            # sharing the client together may hold more than one run's `max_connections` (a
+            # call must never queue here after its permit and slot). Idle ones kept: that many.
+            found = self._clients[key] = (loop, _client(None, max_connections))
         return found[1]
 
     async def aclose(self) -> None:
@@ -153,7 +154,7 @@ class OpenAIChatAdapter:
         if self._client is None:
             if self._clients is not None:
                 return self._clients.client(self._base_url, self._max_connections)
-            self._client = _client(self._max_connections)
+            self._client = _client(self._max_connections, self._max_connections)
         return self._client
 
     async def aclose(self) -> None:
