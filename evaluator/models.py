@@ -122,6 +122,23 @@ class WorkerRun(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Who runs it now (evaluator/worker/runner.py, evaluator/worker/load_dispatch.py): the
+    # worker's id and a fresh token per claim, which every later write of that worker must still
+    # match (a run taken back and claimed again by another worker is no longer the first one's to
+    # finish), and the claimant's last heartbeat.
+    claimed_by = models.CharField(max_length=160, blank=True)
+    claim = models.UUIDField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Who asked to cancel the run and when (set once; the worker polls for it, see
+    # evaluator/worker/cancel_watch.py). NULL while nobody asked.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="+",
+        null=True,
+        blank=True,
+    )
 
     class Meta:
         abstract = True
@@ -166,22 +183,6 @@ class EvaluationRun(WorkerRun):
     profile_version = models.CharField(max_length=128, null=True, blank=True)  # noqa: DJ001
     result = models.JSONField(null=True, blank=True)
     attempts = models.JSONField(default=list, blank=True)
-    # Who runs it now (evaluator/worker/runner.py): the worker's id and a fresh token per claim,
-    # which every later write of that worker must still match (a run taken back and claimed again by
-    # another worker is no longer the first one's to finish), and the claimant's last heartbeat.
-    claimed_by = models.CharField(max_length=160, blank=True)
-    claim = models.UUIDField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
-    # Who asked to cancel the run and when (set once; the worker polls for it, see
-    # evaluator/worker/cancel_watch.py). NULL while nobody asked.
-    cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    cancel_requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.PROTECT,
-        related_name="+",
-        null=True,
-        blank=True,
-    )
 
     class Meta(WorkerRun.Meta):
         constraints = [
@@ -246,19 +247,6 @@ class LoadRun(WorkerRun):
     timeline = models.JSONField(null=True, blank=True)
     # How far the harness got (0 to 1) while it runs, written by the process running it.
     progress = models.FloatField(null=True, blank=True)
-    # Who runs it now, as for evaluation runs (evaluator/worker/load_dispatch.py): the claimant, a
-    # fresh token per claim that every later write must match, and the claimant's last heartbeat.
-    claimed_by = models.CharField(max_length=160, blank=True)
-    claim = models.UUIDField(null=True, blank=True)
-    heartbeat_at = models.DateTimeField(null=True, blank=True)
-    cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    cancel_requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.PROTECT,
-        related_name="+",
-        null=True,
-        blank=True,
-    )
 
     class Meta(WorkerRun.Meta):
         indexes = [

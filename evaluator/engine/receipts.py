@@ -48,8 +48,6 @@ RECEIPT_SCHEMA = "decision-evaluation-receipt/v3"
 RECEIPT_SCHEMA_V2 = "decision-evaluation-receipt/v2"
 RUNNING = "running"
 RUN_STATES = frozenset({RUNNING, "completed", "cancelled", "timeout"})
-# How long a change nobody waits for (an attempt's record) waits for company before its write.
-DEFERRED_WRITE_S = 0.005
 # Reason on the attempt that a pending-dispatch slot turns into when a run resumes.
 DISPATCH_UNCONFIRMED = "dispatch-unconfirmed"
 
@@ -298,8 +296,10 @@ class ReceiptJournal:
     while other writes are in flight, and each ``mark_dispatch`` returns once its slot is durable.
     Everything else goes in document writes, each a compare-and-set ``update``; changes made while
     one is in flight go together in the next one. ``resolve_pending`` and ``finish`` return once a
-    document write that holds their change has landed; an attempt's record (which removes its
-    slot) is written a moment later, or sooner with the next change someone waits for. A failed
+    document write that holds their change has landed. An attempt's record (which removes its
+    slot) is not waited for, but its write starts in the next turn of the loop with the other
+    changes of that turn, or as soon as the write in flight lands: it is durable one write (and
+    any write already in flight) after its call ended, whatever the run does meanwhile. A failed
     write fails every change waiting on it and every later one: the run stops, and its next
     claimant resumes from what is durable.
     """
@@ -322,7 +322,7 @@ class ReceiptJournal:
         self._changes = 0  # document changes applied to the copy
         self._durable = 0  # document changes a landed write holds
         self._flight: asyncio.Task[None] | None = None
-        self._deferred: asyncio.TimerHandle | None = None
+        self._deferred: asyncio.Handle | None = None
         self._failure: BaseException | None = None
         # Slots whose attempts were recorded, for the next document write to remove.
         self._settled: list[SlotKey] = []
@@ -475,7 +475,8 @@ class ReceiptJournal:
         self, index: int, attempt: AttemptRecord, *, outcome: DecisionOutcome | None = None
     ) -> None:
         """Append an attempt (removing its slot if it was dispatched) and, when it ended the
-        decision, the decision's outcome, in one write; returns once that write has started."""
+        decision, the decision's outcome, in one write; returns at once (the write starts in the
+        next turn of the loop, or once the write in flight lands)."""
         entry = self._doc["decisions"][index]
         entry["attempts"].append(attempt.to_dict())
         # The record of a dispatched attempt settles its slot, whatever its outcome.
@@ -569,18 +570,18 @@ class ReceiptJournal:
         durable.
 
         Without ``wait`` (a change that need not be durable before the run goes on: an
-        attempt's record, for which its slot stands until it lands) the write waits
-        ``DEFERRED_WRITE_S`` for company. A failed write is raised by every later commit."""
+        attempt's record, for which its slot stands until it lands) the write starts in the next
+        turn of the loop, or once the write in flight lands. A failed write is raised by every
+        later commit."""
         self._changes += 1
         wanted = self._changes
         if self._failure is not None:
             raise self._failure
         if not wait:
             if self._flight is None and self._deferred is None:
-                # Wait a moment: other calls ending about now go in the same write.
-                self._deferred = asyncio.get_running_loop().call_later(
-                    DEFERRED_WRITE_S, self._write_deferred
-                )
+                # The next turn of the loop, not later: calls ending in this turn go in the same
+                # write, and nothing the run does next (a slot write, a call) holds it back.
+                self._deferred = asyncio.get_running_loop().call_soon(self._write_deferred)
             return
         if self._flight is None:
             self._start_write()

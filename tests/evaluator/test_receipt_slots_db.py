@@ -252,3 +252,51 @@ def test_a_slot_never_waits_for_its_runs_document_write_in_flight(pool):
     # Then the record landed with d0's slot removed, and no other slot was lost.
     assert sorted(slot["decisionIndex"] for slot in after["pendingDispatches"]) == list(range(1, 8))
     assert after["decisions"][0]["status"] == SUCCEEDED
+
+
+class WatchedStore(CountingStore):
+    """Notes when document writes start and land."""
+
+    def __init__(self, inner: DatabaseReceiptStore) -> None:
+        super().__init__(inner)
+        self.updates_started = 0
+        self.updated = asyncio.Event()
+
+    async def update(self, key, document, *, expected_revision, settled=()):
+        self.updates_started += 1
+        await super().update(key, document, expected_revision=expected_revision, settled=settled)
+        self.updated.set()
+
+
+def test_an_attempts_record_is_written_at_once_and_lands_while_the_next_call_is_out(pool):
+    """The record of an attempt whose call ended goes to the database in the next turn of the
+    loop, beside the next call's slot write rather than after it, and lands with nothing more
+    from the run: a worker killed while its next call is out loses only that call's outcome."""
+    store = WatchedStore(DatabaseReceiptStore(pool))
+
+    async def main():
+        journal = await open_journal(store, "inv-prompt", 2)
+        await journal.mark_dispatch(0, attempt(0))
+        record = attempt(0, outcome=SUCCEEDED)
+        await journal.record_attempt(
+            0, record, outcome=DecisionOutcome("d0", SUCCEEDED, "yes", (record,))
+        )
+        # The next decision's call is admitted at once: its slot is written.
+        next_slot = asyncio.ensure_future(journal.mark_dispatch(1, attempt(1)))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        started_within_turns = store.updates_started
+        await next_slot
+        # The run does nothing more (its next call is out): the record lands by itself.
+        async with asyncio.timeout(10):
+            await store.updated.wait()
+        durable = await asyncio.to_thread(stored, "inv-prompt")
+        await journal.settle()
+        return started_within_turns, durable
+
+    started_within_turns, durable = asyncio.run(main())
+    assert started_within_turns == 1, "the record's write should start in the next turns"
+    assert durable["decisions"][0]["status"] == SUCCEEDED
+    assert [a["outcome"] for a in durable["decisions"][0]["attempts"]] == [SUCCEEDED]
+    # Only the call still out has its slot: resumed now, d0 would not turn uncertain.
+    assert [slot["decisionIndex"] for slot in durable["pendingDispatches"]] == [1]

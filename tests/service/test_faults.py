@@ -55,6 +55,16 @@ def _assert_resumed_truthfully(deployment, run):
 def _submit_and_wait_for_second_dispatch(deployment):
     submitted = deployment.submit(example_request(4))
     wait_for(lambda: len(deployment.adapter_calls()) >= 2, 60, "the second adapter call")
+
+    # check-1's record is written as its call ends, beside check-2's slot write and call, not
+    # before them: seeing check-2's call does not mean check-1's record has landed. It lands
+    # one write later, well inside check-2's call; kill only once it is in the database.
+    def first_recorded_second_out() -> bool:
+        progress = deployment.evaluation(submitted["id"])["progress"]
+        out = [call["decisionId"] for call in progress["inFlight"]]
+        return progress["outcomes"] == {"succeeded": 1} and out == ["check-2"]
+
+    wait_for(first_recorded_second_out, SLOW / 1000 / 2, "check-1 recorded, check-2 in flight")
     return submitted
 
 
