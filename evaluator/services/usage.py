@@ -227,7 +227,8 @@ def usage_record_run(run: EvaluationRun) -> None:
     if not hours:
         return
     # Hours first, then days, each in provider order: concurrent runs lock rows in one order.
-    for added in [*hours, *usage_roll_up(hours)]:
+    rows: list[UsageHour | UsageDay] = [*hours, *usage_roll_up(hours)]
+    for added in rows:
         _add(added)
     _prune_now_and_then()
 
