@@ -20,6 +20,7 @@ from evaluator.engine.receipts import ReceiptJournal, ReceiptKey
 from evaluator.models import Receipt, ReceiptSlot
 from evaluator.services import server_clock
 from evaluator.worker.receipts_db import DatabaseReceiptStore
+from tests.evaluator.stores import PassThroughStore
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -72,31 +73,16 @@ def run_closing(store, coroutine):
     return asyncio.run(closing())
 
 
-class CountingStore:
+class CountingStore(PassThroughStore):
     """Passes everything through to the database store and counts slot writes."""
 
     def __init__(self, inner: DatabaseReceiptStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.slot_writes = 0
 
-    async def load(self, key):
-        return await self.inner.load(key)
-
-    async def create(self, key, document):
-        await self.inner.create(key, document)
-
-    async def claim(self, key):
-        return await self.inner.claim(key)
-
     async def add_slots(self, key, slots, *, claim):
-        await self.inner.add_slots(key, slots, claim=claim)
+        await super().add_slots(key, slots, claim=claim)
         self.slot_writes += 1
-
-    async def update(self, key, document, *, expected_revision, settled=()):
-        await self.inner.update(key, document, expected_revision=expected_revision, settled=settled)
-
-    async def aclose(self):
-        await self.inner.aclose()
 
 
 @pytest.fixture(params=[0, 8], ids=["pool-threads", "from-the-loop"])
