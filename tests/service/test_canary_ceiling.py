@@ -24,28 +24,17 @@ BASE = "/api/workspaces/demo"
 RUNS, DECISIONS = 40, 5
 
 VERSIONS = """
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-workspace = Workspace.objects.get(key="demo")
+from config.demo import demo_profile, demo_version_approve, demo_version_activate
 
-def version(label, provider_concurrency):
+def document(label, provider_concurrency):
     document = demo_profile(label, concurrency=8)
     document["providers"]["fake"]["concurrency"] = provider_concurrency
     for limits in document["principals"].values():
         limits["concurrency"] = 8
-    made = services.profile_version_propose(
-        workspace=workspace, document=document, proposed_by=proposer
-    )
-    checklist = {key: True for key, _ in services.RUNBOOK_CHECKLIST}
-    services.profile_version_approve(version=made, approver=approver, checklist=checklist)
-    return made
+    return document
 
-services.profile_version_activate(version=version("demo-active", 4), actor=approver)
-version("demo-canary", 2)
+demo_version_activate(document("demo-active", 4))
+demo_version_approve(document("demo-canary", 2))
 print("ok")
 """
 

@@ -132,22 +132,10 @@ def test_a_run_cancelled_while_queued_never_starts(deployment):
 
 
 ONE_AT_A_TIME = """
-import copy
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import DEMO_PROFILE
-document = copy.deepcopy(DEMO_PROFILE)
-document["profileVersion"] = "demo-one-at-a-time"
+from config.demo import demo_profile, demo_version_activate
+document = demo_profile("demo-one-at-a-time")
 document["providers"]["fake"]["concurrency"] = 1
-users = get_user_model().objects
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document,
-    proposed_by=users.get(username="demo-proposer"))
-checklist = {key: True for key, _ in services.RUNBOOK_CHECKLIST}
-approver = users.get(username="demo-approver")
-services.profile_version_approve(version=version, approver=approver, checklist=checklist)
-services.profile_version_activate(version=version, actor=approver)
+demo_version_activate(document)
 """
 
 

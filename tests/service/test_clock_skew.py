@@ -33,23 +33,10 @@ STALE_SECONDS = 3.0
 POLL_SECONDS = 0.5
 
 ACTIVATE = f"""
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+from config.demo import demo_profile, demo_version_activate
 document = demo_profile("demo-skew")
 document["providers"]["fake"].update(concurrency={CONCURRENCY}, maxQueueWaitMs=120000)
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
-)
-services.profile_version_approve(
-    version=version,
-    approver=approver,
-    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}},
-)
-print(services.profile_version_activate(version=version, actor=approver).kind)
+print(demo_version_activate(document).kind)
 """
 
 

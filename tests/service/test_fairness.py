@@ -75,24 +75,12 @@ def test_a_quiet_tenant_is_not_held_back_by_another_tenants_burst(deployment: De
 
 
 NARROW_DEMO = """
-import copy
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import DEMO_PROFILE
-document = copy.deepcopy(DEMO_PROFILE)
-document["profileVersion"] = "demo-one-at-a-time"
+from config.demo import demo_profile, demo_version_activate
+document = demo_profile("demo-one-at-a-time")
 for part in [document["workspace"], *document["providers"].values(),
              *document["principals"].values()]:
     part.update(concurrency=1)
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
-services.profile_version_approve(
-    version=version, approver=approver,
-    checklist={key: True for key, _ in services.RUNBOOK_CHECKLIST})
-services.profile_version_activate(version=version, actor=approver)
+demo_version_activate(document)
 """
 
 

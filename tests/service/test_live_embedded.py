@@ -104,19 +104,9 @@ def test_embedded_admission_is_live_in_metrics_and_on_the_page(deployment, chrom
 
 
 CANARY = """
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+from config.demo import demo_profile, demo_version_approve
 # The canary admits one call at a time in the whole workspace; the active version four.
-document = demo_profile("demo-canary", concurrency=1)
-made = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
-)
-checklist = {key: True for key, _ in services.RUNBOOK_CHECKLIST}
-services.profile_version_approve(version=made, approver=approver, checklist=checklist)
+demo_version_approve(demo_profile("demo-canary", concurrency=1))
 print("ok")
 """
 

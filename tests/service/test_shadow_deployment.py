@@ -30,30 +30,19 @@ ACTIVE_CEILING = 4
 SHADOW_RPM = 3
 
 VERSIONS = f"""
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-workspace = Workspace.objects.get(key="demo")
+from config.demo import demo_profile, demo_version_approve, demo_version_activate
 
-def version(label, **provider):
+def document(label, **provider):
     document = demo_profile(label, concurrency=8)
     document["providers"]["fake"]["concurrency"] = {ACTIVE_CEILING}
     document["providers"]["fake"].update(provider)
     for limits in document["principals"].values():
         limits["concurrency"] = 8
-    made = services.profile_version_propose(
-        workspace=workspace, document=document, proposed_by=proposer
-    )
-    checklist = {{key: True for key, _ in services.RUNBOOK_CHECKLIST}}
-    services.profile_version_approve(version=made, approver=approver, checklist=checklist)
-    return made
+    return document
 
-services.profile_version_activate(version=version("demo-active"), actor=approver)
+demo_version_activate(document("demo-active"))
 # Tighter: a bucket of {SHADOW_RPM} requests a minute and no queue at the provider.
-version("demo-shadow", requestsPerMinute={SHADOW_RPM}, maxQueueLength=0)
+demo_version_approve(document("demo-shadow", requestsPerMinute={SHADOW_RPM}, maxQueueLength=0))
 print("ok")
 """
 
