@@ -30,6 +30,7 @@ from admission.coordination.clients import (
     AsyncClient,
     SyncClient,
     async_client,
+    call_keys,
     is_cluster,
     registry_key,
     route_key,
@@ -68,6 +69,46 @@ POOL_CONNECTIONS = 32
 
 StaleHandler = Callable[[str], Awaitable[None]]
 R = TypeVar("R")
+
+
+# What a cluster answers while a slot moves or has no primary: an outage, not a bug.
+_MOVING = (
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,
+    redis.exceptions.ClusterDownError,
+)
+_MOVING_TEXT = ("non local key", "cluster is down", "tryagain")
+
+
+def _is_moving(error: redis.ResponseError) -> bool:
+    text = str(error).lower()
+    return isinstance(error, _MOVING) or any(part in text for part in _MOVING_TEXT)
+
+
+def _unavailable(name: str, error: redis.ResponseError) -> CoordinationUnavailable:
+    """A function call's error as the refusal it is. A slot that moves between primaries or has
+    none is an outage like any other; a function that fails otherwise is a bug: said loudly."""
+    if _is_moving(error):
+        logger.debug("admission function %s: slot unavailable: %s", name, error)
+        return CoordinationUnavailable(f"{type(error).__name__}: {error}")
+    logger.error("admission function %s failed: %s", name, error)
+    return CoordinationUnavailable(f"function {name} failed: {error}")
+
+
+def _unmet_node(error: AttributeError) -> redis.RedisError:
+    """redis-py's cluster clients fail this way when a slot that moves sends them (ASK) to a
+    primary they have not met yet (one just added to the cluster): the slot is moving, an
+    outage like the others (the call would only be answered TRYAGAIN there)."""
+    return redis.exceptions.ClusterError(f"redirected to a node not known yet: {error}")
+
+
+def _slot_keys(prefix: str, call: Call[Any]) -> tuple[str, ...]:
+    """Keys of the slot a heartbeat acts in, to take its fence from (its routing key may be the
+    registry's, which has no hash tag)."""
+    if isinstance(call, Heartbeat):
+        named = [*call.epochs, *call.counts, *call.audit]
+        return tuple(route_key(prefix, ws) for ws in named[:1])
+    return ()
 
 
 def count_key(field: str) -> str:
@@ -340,9 +381,7 @@ class RedisCoordinator:
                 name, route_key(self.settings.prefix, workspace_id), [*header, *call.pack()], call
             )
         except redis.ResponseError as error:
-            # A function that fails is a bug, not an outage: say so loudly, and fail closed.
-            logger.error("admission function %s failed: %s", name, error)
-            raise CoordinationUnavailable(f"function {name} failed: {error}") from error
+            raise _unavailable(name, error) from error
         except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         finally:
@@ -357,19 +396,30 @@ class RedisCoordinator:
         return result
 
     async def _fcall(
-        self, name: str, key: str, arguments: list[Any], call: Call[Any] | None = None
+        self,
+        name: str,
+        key: str,
+        arguments: list[Any],
+        call: Call[Any] | None = None,
+        fence_from: tuple[str, ...] = (),
     ) -> Any:
-        """One function call naming `key` (the hash slot it acts in, for a cluster's routing).
-        `arguments` start with the header (`Header.SIZE` of them); `call`, when given, says
-        what to send again if the first copy may have run."""
+        """One function call naming `key` (the hash slot it acts in, for a cluster's routing)
+        and the slot's fence (`call_keys`; `fence_from` are keys of the same slot to take it
+        from when `key` has no hash tag). `arguments` start with the header (`Header.SIZE` of
+        them); `call`, when given, says what to send again if the first copy may have run."""
         client = self._client
         assert client is not None
         function = function_name(name)
+        keys = call_keys(key, *fence_from)
         reconnected = loaded = False
         while True:
             try:
                 async with self._slots:
-                    return await client.fcall(function, 1, key, *arguments)
+                    return await client.fcall(function, len(keys), *keys, *arguments)
+            except AttributeError as error:
+                if not self._cluster:
+                    raise
+                raise _unmet_node(error) from error
             except (redis.ConnectionError, ConnectionError):
                 if reconnected:
                     raise
@@ -411,14 +461,19 @@ class RedisCoordinator:
         client = self._sync()
         name = function_name(call.entry)
         args = call.pack()
+        keys = call_keys(key, *_slot_keys(self.settings.prefix, call))
         try:
             try:
-                raw = client.fcall(name, 1, key, *header, *args)
+                raw = client.fcall(name, len(keys), *keys, *header, *args)
+            except AttributeError as error:
+                if not self._cluster:
+                    raise
+                raise _unmet_node(error) from error
             except redis.ResponseError as error:
                 if not is_missing_function(error):
                     raise
                 client.function_load(library_code(), replace=True)
-                raw = client.fcall(name, 1, key, *header, *args)
+                raw = client.fcall(name, len(keys), *keys, *header, *args)
         except (redis.RedisError, OSError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         return call.parse(json.loads(raw))
@@ -580,10 +635,14 @@ class RedisCoordinator:
         self.round_trips["heartbeat"] += 1
         arguments = [*self._header("", ""), *beat.pack()]
         try:
-            raw = await self._fcall("heartbeat", beat.key, arguments)
+            raw = await self._fcall(
+                "heartbeat",
+                beat.key,
+                arguments,
+                fence_from=_slot_keys(self.settings.prefix, beat),
+            )
         except redis.ResponseError as error:
-            logger.error("admission function heartbeat failed: %s", error)
-            raise CoordinationUnavailable(f"function heartbeat failed: {error}") from error
+            raise _unavailable("heartbeat", error) from error
         except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         self.last_renewal = time.monotonic()
