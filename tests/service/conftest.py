@@ -436,3 +436,9 @@ def staged_provider_env(base_url: str, *, window_seconds: float) -> dict[str, st
             {"adapter": "staged", "model": "staged-model", "windowSeconds": window_seconds}
         ),
     }
+
+
+def demo_provider_over_http(base_url: str) -> str:
+    """`SLUICE_ADAPTERS` with the demo profile's provider, `fake`, as an OpenAI-compatible HTTP
+    endpoint at `base_url` (a loopback server)."""
+    return json.dumps({"fake": {"kind": "openai-chat", "baseUrl": base_url}})
