@@ -7,11 +7,11 @@ key of the hash slot it acts in (`route_key`), so it runs on that slot's primary
 workspace's keys follow its hash tag (`{workspace}`), so the deployment's admission state is
 sharded by workspace.
 
-A call that acts in a workspace's slot also names that slot's `fence_key`, a key nobody ever
-writes. Redis counts missing keys only in a slot that is moving between primaries, and then a
-call naming a missing key is never run: the old primary answers ASK, the new one TRYAGAIN. So no
-function runs while a slot's keys may be split between two nodes (it would read the part that
-has moved as empty, or fail half-way through its writes); the call is refused as
+On a cluster, a call that acts in a workspace's slot also names that slot's `fence_key`, a key
+nobody ever writes. Redis counts missing keys only in a slot that is moving between primaries,
+and then a call naming a missing key is never run: the old primary answers ASK, the new one
+TRYAGAIN. So no function runs while a slot's keys may be split between two nodes (it would read
+the part that has moved as empty, or fail half-way through its writes); the call is refused as
 `coordination-unavailable` until the slot has settled on its new primary.
 """
 

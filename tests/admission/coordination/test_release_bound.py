@@ -24,11 +24,14 @@ from admission.core import AdmissionRegistry, AdmissionRequest, Estimate, Profil
 from tests.admission.coordination.conftest import Deployment
 
 ROOT = Path(__file__).resolve().parents[3]
+# A round trip may take up to two seconds (a loaded CI machine stalls a process for hundreds of
+# milliseconds; the 250 ms default would refuse the first decision as coordination-unavailable),
+# which still keeps the bound (three round trips, 6 s) far below the heartbeat (30 s).
 SETTINGS = {
-    "lease_ttl_ms": 30_000,
-    "heartbeat_ms": 10_000,
+    "lease_ttl_ms": 90_000,
+    "heartbeat_ms": 30_000,
     "recovery_grace_ms": 0,
-    "timeout_ms": 250,
+    "timeout_ms": 2_000,
 }
 DOCUMENT = {
     "profileVersion": "bound-v1",
@@ -61,7 +64,7 @@ def test_a_released_permit_reaches_a_waiter_in_another_process_within_the_bound(
                 "ready": str(ready),
                 "go": str(go),
                 "out": str(out),
-                "linger_s": 5,
+                "linger_s": 10,
             }
         )
     )
