@@ -27,7 +27,12 @@ import hiredis
 import redis
 from redis.asyncio.connection import parse_url
 
-__all__ = ["Wire", "command", "supports"]
+__all__ = ["IN_FLIGHT", "Wire", "command", "supports"]
+
+# Calls one process has on the wire at once; more wait their turn before they are sent (and
+# before their timeout starts), so a burst of callers never queues more behind one call than
+# Redis answers well within the timeout.
+IN_FLIGHT = 128
 
 
 def supports(url: str) -> bool:
@@ -86,6 +91,10 @@ class _Connection(asyncio.Protocol):
         self._fail(redis.ConnectionError(f"connection to Redis lost: {exc or 'closed'}"))
 
     # ---------------------------------------------------------------------- calls
+
+    @property
+    def unanswered(self) -> int:
+        return len(self._pending)
 
     def send(self, packed: bytes) -> asyncio.Future[Any]:
         """Queue one packed command; it leaves with the others of this loop turn."""
@@ -161,14 +170,22 @@ class Wire:
         self._connect_timeout_s = connect_timeout_s
         self._connection: _Connection | None = None
         self._opening: asyncio.Lock | None = None
+        self._turns = asyncio.Semaphore(IN_FLIGHT)
         self._closed = False
 
     async def call(self, packed: bytes) -> Any:
         """Send one packed command and wait for its answer."""
+        async with self._turns:
+            connection = self._connection
+            if connection is None or connection.closed:
+                connection = await self._open()
+            return await connection.send(packed)
+
+    @property
+    def in_flight(self) -> int:
+        """Calls sent and not answered yet."""
         connection = self._connection
-        if connection is None or connection.closed:
-            connection = await self._open()
-        return await connection.send(packed)
+        return 0 if connection is None or connection.closed else connection.unanswered
 
     def drop(self) -> None:
         """Abandon the current connection (the next call opens a new one)."""

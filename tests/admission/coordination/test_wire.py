@@ -14,7 +14,7 @@ import hiredis
 import pytest
 import redis
 
-from admission.coordination.wire import Wire, command, supports
+from admission.coordination.wire import IN_FLIGHT, Wire, command, supports
 
 # Calls wait at most this long; the tests never wait for it to pass except where a server is
 # made silent on purpose, and then they assert what fails, not when.
@@ -119,6 +119,28 @@ async def test_concurrent_calls_share_one_connection_and_get_their_own_answers()
         assert answers == [f"value-{i}".encode() for i in range(200)]
         assert len(server.connections) == 1
         assert len(server.connections[0]) == 200
+        await link.aclose()
+
+
+@synchronous
+async def test_calls_beyond_the_in_flight_bound_wait_for_a_turn_before_they_are_sent() -> None:
+    held: list[list[bytes]] = []
+
+    def hold(request: list[bytes]) -> None:
+        held.append(request)
+
+    async with fake(hold) as server:
+        link = Wire(server.url(), timeout_s=30.0, connect_timeout_s=TIMEOUT_S)
+        calls = [
+            asyncio.ensure_future(link.call(command("ECHO", f"v{i}"))) for i in range(IN_FLIGHT + 5)
+        ]
+        while len(held) < IN_FLIGHT:
+            await asyncio.sleep(0.01)
+        assert link.in_flight == IN_FLIGHT
+        server.answer = echo
+        server.writers[0].write(b"".join(echo(request) or b"" for request in held))
+        assert await asyncio.gather(*calls) == [f"v{i}".encode() for i in range(IN_FLIGHT + 5)]
+        assert link.in_flight == 0
         await link.aclose()
 
 
