@@ -38,3 +38,8 @@ class PassThroughStore:
         settled: Sequence[SlotKey] = (),
     ) -> None:
         await self.inner.update(key, document, expected_revision=expected_revision, settled=settled)
+
+    async def aclose(self) -> None:
+        close = getattr(self.inner, "aclose", None)
+        if close is not None:
+            await close()

@@ -6,7 +6,6 @@ takes effect at the next run boundary."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import Deployment, admission_redis_env
+from .conftest import Deployment, admission_redis_env, demo_provider_over_http
 
 pytestmark = pytest.mark.celery
 
@@ -64,9 +63,7 @@ def _document(tag: str) -> dict[str, Any]:
 def test_a_canary_never_takes_the_provider_above_the_active_ceiling(deployment: Deployment):
     with LoopbackServer() as provider:
         provider.default = Reply(delay=0.15)
-        deployment.env["SLUICE_ADAPTERS"] = json.dumps(
-            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-        )
+        deployment.env["SLUICE_ADAPTERS"] = demo_provider_over_http(provider.base_url)
         deployment.env.update(admission_redis_env(deployment))
         assert deployment.django(VERSIONS).strip().endswith("ok")
         deployment.start_web()

@@ -5,7 +5,6 @@ lets them go. The cancel reaches the worker through the database
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
-from tests.service.conftest import Deployment
+from tests.service.conftest import Deployment, demo_provider_over_http
 
 pytestmark = pytest.mark.celery
 
@@ -25,9 +24,7 @@ HOLD_SECONDS = 300.0
 
 def _provider_env(server: LoopbackServer) -> dict[str, str]:
     # The demo profile's provider is `fake`: here it is an OpenAI-compatible HTTP endpoint.
-    return {
-        "SLUICE_ADAPTERS": json.dumps({"fake": {"kind": "openai-chat", "baseUrl": server.base_url}})
-    }
+    return {"SLUICE_ADAPTERS": demo_provider_over_http(server.base_url)}
 
 
 def _request(decisions: int) -> dict[str, Any]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import signal
 import threading
 import time
@@ -21,7 +20,7 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import Deployment, admission_redis_env, wait_for
+from .conftest import Deployment, admission_redis_env, demo_provider_over_http, wait_for
 
 pytestmark = pytest.mark.celery
 
@@ -39,9 +38,7 @@ print(demo_version_activate(document).kind)
 
 def _provider_env(server: LoopbackServer) -> dict[str, str]:
     # The demo profile's provider is `fake`: here it is an OpenAI-compatible HTTP endpoint.
-    return {
-        "SLUICE_ADAPTERS": json.dumps({"fake": {"kind": "openai-chat", "baseUrl": server.base_url}})
-    }
+    return {"SLUICE_ADAPTERS": demo_provider_over_http(server.base_url)}
 
 
 def _parallel(decisions: int, ceiling: int, tag: str) -> dict[str, Any]:

@@ -4,7 +4,6 @@ back another workspace's evaluation beyond its fair share."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import threading
 import time
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import Deployment, wait_for
+from .conftest import Deployment, demo_provider_over_http, wait_for
 
 pytestmark = pytest.mark.celery
 
@@ -89,7 +88,7 @@ def test_runs_waiting_for_admission_hold_no_worker_slot(deployment: Deployment) 
         released = threading.Event()
         # The first call is held at the provider: its run keeps the demo workspace's one permit.
         provider.replies.append(Reply(hold=released))
-        adapters = json.dumps({"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}})
+        adapters = demo_provider_over_http(provider.base_url)
         deployment.env["SLUICE_ADAPTERS"] = adapters
         deployment.django(QUIET_WORKSPACE)
         deployment.django(NARROW_DEMO)

@@ -5,8 +5,6 @@ series carries an id."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
@@ -15,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import wait_for
+from .conftest import demo_provider_over_http, wait_for
 
 pytestmark = [pytest.mark.celery, pytest.mark.browser]
 
@@ -120,9 +118,7 @@ def test_a_canarys_decisions_are_in_the_embedded_live_figures(deployment, chromi
     env = {"SLUICE_METRICS_TOKEN": TOKEN, "SLUICE_ADMISSION_SNAPSHOT_SECONDS": "0.5"}
     with LoopbackServer() as provider:
         provider.default = Reply(content="yes", total_tokens=12, delay=0.3)
-        env["SLUICE_ADAPTERS"] = json.dumps(
-            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-        )
+        env["SLUICE_ADAPTERS"] = demo_provider_over_http(provider.base_url)
         assert deployment.django(CANARY).strip().endswith("ok")
         deployment.start_web(env)
         started = deployment.api(

@@ -20,7 +20,7 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import Deployment, admission_redis_env
+from .conftest import Deployment, admission_redis_env, demo_provider_over_http
 
 pytestmark = pytest.mark.celery
 
@@ -96,9 +96,7 @@ def _succeeded(phase: dict[str, Any]) -> None:
 def test_two_workers_share_one_shadow_and_reality_is_as_without_it(deployment: Deployment):
     with LoopbackServer() as provider:
         provider.default = Reply(delay=0.1)
-        deployment.env["SLUICE_ADAPTERS"] = json.dumps(
-            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-        )
+        deployment.env["SLUICE_ADAPTERS"] = demo_provider_over_http(provider.base_url)
         deployment.env.update(admission_redis_env(deployment))
         assert deployment.django(VERSIONS).strip().endswith("ok")
         deployment.start_web()
