@@ -55,26 +55,14 @@ def throwaway_database() -> Iterator[str]:
 # Proposes, approves and activates (as the demo's proposer and approver) the demo profile under
 # another label with other limits; run through `Deployment.django`.
 _ACTIVATE_PROFILE = """
-import copy
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import DEMO_PROFILE
-document = copy.deepcopy(DEMO_PROFILE)
-document["profileVersion"] = {label!r}
+from config.demo import demo_profile, demo_version_activate
+document = demo_profile({label!r})
 parts = [document["workspace"], *document["providers"].values(),
          *document["principals"].values()]
 for part in parts:
     part.update({limits!r})
 {then}
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
-services.profile_version_approve(
-    version=version, approver=approver,
-    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}}, comment="benchmark")
-services.profile_version_activate(version=version, actor=approver)
+demo_version_activate(document, comment="benchmark")
 """
 
 

@@ -57,6 +57,7 @@ from django_setup import (
 configure()
 logging.getLogger("httpx").setLevel(logging.WARNING)
 
+import psycopg  # noqa: E402
 from django.db import connections  # noqa: E402
 
 from admission.core import AdmissionRegistry, Profile, SystemClock  # noqa: E402
@@ -202,10 +203,11 @@ class _CountingStore:
         await self.inner.update(key, document, expected_revision=expected_revision, settled=settled)
 
 
-def _bare_commits(pool: ThreadPoolExecutor, count: int) -> tuple[list[float], list[float]]:
-    """Milliseconds per single-row INSERT in autocommit on a pool thread, as slots are: timed in
-    the thread (the database's share), and awaited from an event loop (with the hops to the
-    thread and back, as a slot write is)."""
+def _bare_commits(pool: ThreadPoolExecutor, count: int) -> dict[str, list[float]]:
+    """Milliseconds per single-row INSERT in autocommit: on a pool thread, timed in the thread
+    (the database's share) and awaited from an event loop (with the hops to the thread and back,
+    as the pool's slot writes are); and sent from the loop itself on an async connection (as
+    direct slot writes are)."""
 
     def insert() -> float:
         with connections["default"].cursor() as cursor:
@@ -213,13 +215,21 @@ def _bare_commits(pool: ThreadPoolExecutor, count: int) -> tuple[list[float], li
             cursor.execute("INSERT INTO bench_commit (at) VALUES (now())")
             return (time.perf_counter() - began) * 1000
 
-    async def awaited() -> tuple[list[float], list[float]]:
-        inside, outside = [], []
+    async def awaited() -> dict[str, list[float]]:
+        figures: dict[str, list[float]] = {"thread": [], "awaited": [], "direct": []}
         for _ in range(count):
             began = time.perf_counter()
-            inside.append(await in_database_thread(insert, pool)())
-            outside.append((time.perf_counter() - began) * 1000)
-        return inside, outside
+            figures["thread"].append(await in_database_thread(insert, pool)())
+            figures["awaited"].append((time.perf_counter() - began) * 1000)
+        params = connections["default"].get_connection_params()
+        for name in ("cursor_factory", "context", "prepare_threshold"):
+            params.pop(name, None)
+        async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as direct:
+            for _ in range(count):
+                began = time.perf_counter()
+                await direct.execute("INSERT INTO bench_commit (at) VALUES (now())")
+                figures["direct"].append((time.perf_counter() - began) * 1000)
+        return figures
 
     def create() -> None:
         with connections["default"].cursor() as cursor:
@@ -432,7 +442,8 @@ def _print_phases(breakdowns: list[tuple[str, dict[str, list[float]]]]) -> None:
 
 
 def in_process(args: argparse.Namespace) -> None:
-    """The engine with the database store on real time: slot-write waits and writes."""
+    """The engine with the database receipt store on real time: slot-write waits and writes,
+    with slot writes on the pool's threads and sent from the loop (as a worker sends them)."""
     waits: list[float] = []
     original = ReceiptJournal.mark_dispatch
 
@@ -443,7 +454,6 @@ def in_process(args: argparse.Namespace) -> None:
 
     ReceiptJournal.mark_dispatch = timed  # type: ignore[method-assign]
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bench-db")
-    store = _CountingStore(DatabaseReceiptStore(pool))
     limits = {"concurrency": args.ceiling, "requestsPerMinute": 10**6, "maxQueueLength": 10000}
     profile = Profile.from_dict(
         {
@@ -454,14 +464,13 @@ def in_process(args: argparse.Namespace) -> None:
         },
         workspace_id="bench",
     )
-    writes: list[tuple[int, int]] = []
-    walls: list[float] = []
+    runs = iter(range(10**6))
 
-    async def one(index: int) -> None:
+    async def one(store: _CountingStore) -> tuple[float, tuple[int, int]]:
         registry = AdmissionRegistry(clock=SystemClock())
         registry.register(profile)
         request = DecisionEvaluationRequest.from_dict(
-            {**_document(args.decisions, args.ceiling, "x"), "invocationId": f"bench-{index}"},
+            {**_document(args.decisions, args.ceiling, "x"), "invocationId": f"bench-{next(runs)}"},
             principal_id="bench-principal",
             workspace_id="bench",
         )
@@ -473,15 +482,55 @@ def in_process(args: argparse.Namespace) -> None:
             adapters={"fake": FakeAdapter(default=FakeStep(latency_ms=args.latency_ms))},
             receipt_store=store,
         )
-        walls.append(time.perf_counter() - began)
+        wall = time.perf_counter() - began
         assert result.status == "completed", result.status
-        writes.append((store.slot_writes - before[0], store.document_writes - before[1]))
+        return wall, (store.slot_writes - before[0], store.document_writes - before[1])
 
-    load = _load_average()
+    async def runs_of(direct: int) -> tuple[list[float], list[float], list[tuple[int, int]]]:
+        store = _CountingStore(DatabaseReceiptStore(pool, direct_slots=direct))
+        try:
+            # A first run opens the connections (pool threads, loop connections); not counted.
+            await one(store)
+            del waits[:]
+            walls, writes = [], []
+            for _ in range(args.repeat):
+                wall, counted = await one(store)
+                walls.append(wall)
+                writes.append(counted)
+            return list(waits), walls, writes
+        finally:
+            await store.inner.aclose()
+
+    ideal = math.ceil(args.decisions / args.ceiling) * args.latency_ms / 1000
     try:
-        for index in range(args.repeat):
-            asyncio.run(one(index))
-        bare, bare_awaited = _bare_commits(pool, 200)
+        for label, direct in (("pool threads", 0), ("from the loop", args.ceiling)):
+            load = _load_average()
+            slot_waits, walls, writes = asyncio.run(runs_of(direct))
+            slot_writes = statistics.median(w[0] for w in writes)
+            document_writes = statistics.median(w[1] for w in writes)
+            print(
+                f"engine + PostgreSQL receipts, slot writes {label}, {args.decisions} decisions "
+                f"x {args.latency_ms:g} ms, ceiling {args.ceiling} (load average {load}): wall "
+                f"{statistics.median(walls):.3f} s vs ideal {ideal:.2f} s; slot durable before "
+                f"the call p50 {_percentile(slot_waits, 0.5):.2f} ms, p99 "
+                f"{_percentile(slot_waits, 0.99):.2f} ms ({len(slot_waits)} dispatches); "
+                f"{slot_writes:g} slot writes + {document_writes:g} document writes = "
+                f"{(slot_writes + document_writes) / args.decisions:.2f} receipt writes per "
+                "decision",
+                flush=True,
+            )
+        load = _load_average()
+        bare = _bare_commits(pool, 200)
+        figures = "; ".join(
+            f"{label} p50 {_percentile(bare[name], 0.5):.2f} ms, "
+            f"p99 {_percentile(bare[name], 0.99):.2f} ms"
+            for name, label in (
+                ("thread", "in a pool thread"),
+                ("awaited", "awaited from the loop"),
+                ("direct", "from the loop on its own connection"),
+            )
+        )
+        print(f"bare single-row commit (load average {load}): {figures}", flush=True)
     finally:
         # Every pool thread closes its own connection (the barrier puts one task on each).
         barrier = threading.Barrier(8)
@@ -494,22 +543,6 @@ def in_process(args: argparse.Namespace) -> None:
             future.result()
         pool.shutdown()
         ReceiptJournal.mark_dispatch = original  # type: ignore[method-assign]
-    ideal = math.ceil(args.decisions / args.ceiling) * args.latency_ms / 1000
-    slot_writes = statistics.median(w[0] for w in writes)
-    document_writes = statistics.median(w[1] for w in writes)
-    print(
-        f"engine + PostgreSQL receipts, {args.decisions} decisions x {args.latency_ms:g} ms, "
-        f"ceiling {args.ceiling} (load average {load}): wall {statistics.median(walls):.3f} s "
-        f"vs ideal {ideal:.2f} s; slot durable before the call p50 "
-        f"{_percentile(waits, 0.5):.2f} ms, p99 {_percentile(waits, 0.99):.2f} ms "
-        f"({len(waits)} dispatches); bare single-row commit p50 {_percentile(bare, 0.5):.2f} ms, "
-        f"p99 {_percentile(bare, 0.99):.2f} ms (awaited from the loop: p50 "
-        f"{_percentile(bare_awaited, 0.5):.2f} ms, p99 {_percentile(bare_awaited, 0.99):.2f} ms); "
-        f"{slot_writes:g} slot writes + "
-        f"{document_writes:g} document writes = "
-        f"{(slot_writes + document_writes) / args.decisions:.2f} receipt writes per decision",
-        flush=True,
-    )
 
 
 def main() -> int:
@@ -525,11 +558,15 @@ def main() -> int:
     parser.add_argument(
         "--service-only", action="store_true", help="skip the in-process engine part"
     )
+    parser.add_argument(
+        "--engine-only", action="store_true", help="skip the part through the service"
+    )
     args = parser.parse_args()
     if not args.service_only:
         with throwaway_database():
             in_process(args)
-    through_the_service(args)
+    if not args.engine_only:
+        through_the_service(args)
     return 0
 
 

@@ -159,7 +159,7 @@ async def http_round(base_url: str, calls: int, concurrency: int) -> tuple[float
     request = request_for(calls, "http", concurrency)
     decision = request.ruleset.decisions[0]
     prompt = decision.render(request.input)
-    body = OpenAIChatAdapter._body(
+    body = OpenAIChatAdapter.request_body(
         AdapterCall(decision.id, prompt, decision.binding.primary, decision.output, 1)
     )
     try:

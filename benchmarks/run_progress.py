@@ -36,7 +36,7 @@ from django.test.utils import (  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from admission.models import Workspace  # noqa: E402
-from console.forms.runs import example_request  # noqa: E402
+from console.forms.runs import example_attempt, example_request  # noqa: E402
 from evaluator.models import EvaluationRun, Receipt  # noqa: E402
 from evaluator.worker import cancel_watch  # noqa: E402
 
@@ -79,20 +79,12 @@ def running_receipt(run: EvaluationRun, decisions: int) -> None:
         attempts = []
         if index < done:
             attempts.append(
-                {
-                    "targetIndex": 0,
-                    "adapterId": "fake",
-                    "model": "demo-model",
-                    "number": 1,
-                    "sent": True,
-                    "outcome": "succeeded",
-                    "reason": "answered",
-                    "retryable": False,
-                    "startedMs": index * 300.0,
-                    "endedMs": index * 300.0 + 298.0,
-                    "evidence": EVIDENCE,
-                    "tokens": 10,
-                }
+                example_attempt(
+                    started_ms=index * 300.0,
+                    ended_ms=index * 300.0 + 298.0,
+                    evidence=EVIDENCE,
+                    tokens=10,
+                )
             )
         entries.append(
             {

@@ -31,48 +31,10 @@ from django.utils import timezone  # noqa: E402
 
 from admission.models import Workspace, WorkspaceMembership  # noqa: E402
 from evaluator.models import UsageDay, UsageHour  # noqa: E402
+from evaluator.services.usage import usage_roll_up  # noqa: E402
 
 REASONS = ("queue-full", "queue-timeout", "cost", "tokens")
 DEFERRALS = ("concurrency", "tokens-per-second", "requests-per-minute")
-SUMMED = (
-    "runs",
-    "calls",
-    "tokens",
-    "cost_usd",
-    "unpriced_calls",
-    "admitted",
-    "deferred",
-    "refused",
-    "queue_delay_ms_sum",
-)
-
-
-def roll_up(hours: list[UsageHour]) -> list[UsageDay]:
-    """The days of some hours, summed as `usage_record_run` keeps them."""
-    days: dict[tuple, UsageDay] = {}
-    for hour in hours:
-        day = hour.hour.replace(hour=0)
-        key = (day, hour.provider_id, hour.principal_id)
-        into = days.get(key)
-        if into is None:
-            into = days[key] = UsageDay(
-                workspace=hour.workspace,
-                day=day,
-                provider_id=hour.provider_id,
-                principal_id=hour.principal_id,
-                deferred_by_reason={},
-                refused_by_reason={},
-            )
-        for name in SUMMED:
-            setattr(into, name, getattr(into, name) + getattr(hour, name))
-        into.queue_delay_ms_max = max(into.queue_delay_ms_max, hour.queue_delay_ms_max)
-        for mine, theirs in (
-            (into.deferred_by_reason, hour.deferred_by_reason),
-            (into.refused_by_reason, hour.refused_by_reason),
-        ):
-            for reason, n in theirs.items():
-                mine[reason] = mine.get(reason, 0) + n
-    return list(days.values())
 
 
 def seed(days: int, principals: int, providers: int) -> tuple[Workspace, int]:
@@ -89,7 +51,7 @@ def seed(days: int, principals: int, providers: int) -> tuple[Workspace, int]:
     for hour_index in range(days * 24):
         hour = end - dt.timedelta(hours=hour_index)
         if day_rows and hour.date() != day_rows[-1].hour.date():
-            UsageDay.objects.bulk_create(roll_up(day_rows))
+            UsageDay.objects.bulk_create(usage_roll_up(day_rows))
             day_rows = []
         for provider in range(providers):
             for principal in range(principals):
@@ -120,7 +82,7 @@ def seed(days: int, principals: int, providers: int) -> tuple[Workspace, int]:
             count += len(rows)
             rows = []
     UsageHour.objects.bulk_create(rows)
-    UsageDay.objects.bulk_create(roll_up(day_rows))
+    UsageDay.objects.bulk_create(usage_roll_up(day_rows))
     count += len(rows)
     return workspace, count
 

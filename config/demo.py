@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from django.utils import timezone
 from knox.models import AuthToken
 
 from admission import access, selectors
-from admission.models import Workspace, WorkspaceMembership
+from admission.models import ProfileChangeRecord, ProfileVersion, Workspace, WorkspaceMembership
 from admission.services import profiles as services
 
 WORKSPACE_KEY = "demo"
@@ -155,6 +156,11 @@ def _demo_user(user: Any, password: str | None) -> DemoUser:
     return DemoUser(user.username, password, token)
 
 
+def _checked() -> dict[str, bool]:
+    """The runbook's checklist, every item confirmed."""
+    return {key: True for key, _ in services.RUNBOOK_CHECKLIST}
+
+
 def _activate_demo_profile(workspace: Workspace, proposer: Any, approver: Any) -> Any:
     label = DEMO_PROFILE["profileVersion"]
     version = selectors.profile_version_get(workspace=workspace, label=label)
@@ -166,11 +172,38 @@ def _activate_demo_profile(workspace: Workspace, proposer: Any, approver: Any) -
         services.profile_version_approve(
             version=version,
             approver=approver,
-            checklist={key: True for key, _ in services.RUNBOOK_CHECKLIST},
+            checklist=_checked(),
             comment="Demo profile set up by `make run`.",
         )
     services.profile_version_activate(version=version, actor=approver)
     return version
+
+
+def demo_version_approve(document: Mapping[str, Any], *, comment: str = "") -> ProfileVersion:
+    """Propose `document` in the demo workspace as the demo's proposer and approve it as its
+    approver, every runbook item confirmed (how tests and benchmarks give the demo other
+    limits); returns the version, not yet active."""
+    users = get_user_model()._default_manager
+    version = services.profile_version_propose(
+        workspace=Workspace.objects.get(key=WORKSPACE_KEY),
+        document=document,
+        proposed_by=users.get(username=PROPOSER),
+    )
+    services.profile_version_approve(
+        version=version,
+        approver=users.get(username=APPROVER),
+        checklist=_checked(),
+        comment=comment,
+    )
+    return version
+
+
+def demo_version_activate(document: Mapping[str, Any], *, comment: str = "") -> ProfileChangeRecord:
+    """`demo_version_approve`, then activate the version as the demo's approver; returns the
+    activation's change record."""
+    version = demo_version_approve(document, comment=comment)
+    approver = get_user_model()._default_manager.get(username=APPROVER)
+    return services.profile_version_activate(version=version, actor=approver)
 
 
 def credentials_file_read(path: Path) -> dict[str, str]:

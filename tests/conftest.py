@@ -57,3 +57,20 @@ def _fresh_throttle_counters() -> None:
     # process-local cache is cleared: clearing a Redis cache would flush a shared database.
     if isinstance(caches["default"], LocMemCache):
         caches["default"].clear()
+
+
+@pytest.fixture
+def demo(settings: Any) -> Generator[Any, None, None]:
+    """The demo workspace (config/demo.py: its users and active profile) on a fresh admission
+    registry, with fast password hashing and no API throttles."""
+    from admission.models import Workspace
+    from admission.runtime import registry as runtime
+    from config.demo import demo_setup
+
+    # The registry must not carry revisions of rows another test's rollback erased.
+    runtime.reset_registry()
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    settings.SLUICE_THROTTLE_RATES = {"anon": None, "user": None, "workspace": None, "submit": None}
+    demo_setup()
+    yield Workspace.objects.get(key="demo")
+    runtime.reset_registry()

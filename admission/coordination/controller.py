@@ -15,8 +15,8 @@ import asyncio
 import dataclasses
 import logging
 import math
+import os
 import time
-import uuid
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +53,7 @@ from admission.core.evidence import AdmissionEvidence, BreakerTransition, QueueS
 from admission.core.lease import ReleaseOutcome, give_back_checked
 from admission.core.limits import Limits, Profile
 from admission.core.rejection import HINTED_REASONS, rejected, retry_hint
-from admission.core.rules import static_reason, valid_amount
+from admission.core.rules import Gate, compile_gate, gate_fails, static_reason, valid_amount
 from admission.core.ticket import Ticket
 
 if TYPE_CHECKING:
@@ -69,6 +69,8 @@ UNAVAILABLE_RETRY_BASE_MS = 1000.0
 TRANSITION_HISTORY = 256
 # Revision mismatches resolved by a refresh before the request is refused.
 STALE_RETRIES = 2
+# Lanes (principal, provider) whose static rules a controller keeps compiled.
+LANES_KEPT = 65536
 
 
 async def _fired(signal: Any) -> None:
@@ -168,6 +170,23 @@ def divided_profile(profile: Profile, processes: int) -> Profile:
     )
 
 
+class _Lane:
+    """What the profile says of one (principal, provider) pair, worked out once per profile: its
+    scopes in the order the static rules judge them, their folded gate and the dwell bound."""
+
+    __slots__ = ("dwell_ms", "gate", "scopes")
+
+    def __init__(self, principal: Limits, workspace: Limits, provider: Limits) -> None:
+        self.scopes = (principal, workspace, provider)
+        self.gate: Gate = compile_gate(self.scopes)
+        bounds = [
+            limits.max_queue_wait_ms
+            for limits in self.scopes
+            if limits.max_queue_wait_ms is not None
+        ]
+        self.dwell_ms: float | None = min(bounds) if bounds else None
+
+
 class CoordinatedLease:
     """Permission to dispatch one attempt, held in Redis; `release` gives it back exactly once
     (in the background: the caller never waits on Redis)."""
@@ -264,6 +283,8 @@ class CoordinatedController:
         # sends them together within two turns of the event loop (see `give_back`).
         self._pending: list[tuple[Release, CoordinatedLease]] = []
         self._flush_armed = False
+        # (principal, provider) -> its lane's static rules under the current profile.
+        self._lanes: dict[tuple[str, str], _Lane] = {}
 
     # ----------------------------------------------------------------- public API
 
@@ -286,7 +307,7 @@ class CoordinatedController:
         if reason is not None:
             self._coordinator.count_local(self.workspace_id, request.provider_id, "reject", reason)
             raise self._rejection(ticket, reason, None, now)
-        waiter_id = uuid.uuid4().hex
+        waiter_id = os.urandom(16).hex()
         waiter = Waiter(self, waiter_id, ticket, asyncio.get_running_loop().create_future())
         book = self._coordinator.book
         book.add_waiter(waiter)
@@ -350,6 +371,7 @@ class CoordinatedController:
         """A newer profile is current here: queued work of this process is judged again."""
         self._profile = profile
         self._sequence = None
+        self._lanes = {}
         if self._fallback is not None:
             self._fallback = None
         for waiter in list(self._waiting.values()):
@@ -383,21 +405,34 @@ class CoordinatedController:
         signal = request.signal
         if signal is not None and signal.cancelled:
             return "cancelled"
-        profile = self._profile
-        principal = profile.principals.get(request.principal_id)
-        if principal is None:
-            return "unconfigured-principal"
-        provider = profile.providers.get(request.provider_id)
-        if provider is None:
-            return "unconfigured-provider"
+        lane = self._lanes.get((request.principal_id, request.provider_id))
+        if lane is None:
+            profile = self._profile
+            principal = profile.principals.get(request.principal_id)
+            if principal is None:
+                return "unconfigured-principal"
+            provider = profile.providers.get(request.provider_id)
+            if provider is None:
+                return "unconfigured-provider"
+            if len(self._lanes) >= LANES_KEPT:
+                self._lanes = {}
+            lane = _Lane(principal, profile.workspace, provider)
+            self._lanes[(request.principal_id, request.provider_id)] = lane
         deadline = request.deadline_ms
         if deadline is not None and deadline <= now:
             return "deadline-exceeded"
         if ticket.invalid:
             return "invalid-estimate"
-        return static_reason(ticket, (principal, profile.workspace, provider))
+        # The folded gate passes what every static rule passes; only a request it stops is
+        # judged rule by rule, for the reason.
+        if gate_fails(ticket, lane.gate):
+            return static_reason(ticket, lane.scopes)
+        return None
 
     def _dwell_ms(self, request: AdmissionRequest) -> float | None:
+        lane = self._lanes.get((request.principal_id, request.provider_id))
+        if lane is not None:
+            return lane.dwell_ms
         profile = self._profile
         bounds = [
             limits.max_queue_wait_ms
@@ -452,8 +487,9 @@ class CoordinatedController:
         stale = 0
         releases = self._take_pending()
         while True:
-            now = self._clock.monotonic_ms()
             deadline = request.deadline_ms
+            if deadline is not None:
+                deadline = max(0.0, deadline - self._clock.monotonic_ms())
             dwell = self._dwell_ms(request)
             result = await self._call_guarded(
                 waiter_id,
@@ -468,7 +504,7 @@ class CoordinatedController:
                     ticket.cost,
                     ticket.attempts,
                     None if dwell is None else float(dwell),
-                    None if deadline is None else max(0.0, deadline - now),
+                    deadline,
                     self._coordinator.is_registered(self.workspace_id),
                     # Guarded calls send a new id; a requeue repeats one (Redis deduplicates).
                     guarded,

@@ -52,6 +52,7 @@ from admission.coordination.protocol import (
 from admission.coordination.scripts import function_name, is_missing_function, library_code
 from admission.coordination.settings import CoordinationSettings
 from admission.coordination.waiters import ProcessBook, Waiter
+from admission.coordination.wire import Wire, command, supports
 
 if TYPE_CHECKING:
     from admission.core.limits import Profile
@@ -101,6 +102,9 @@ class RedisCoordinator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._cluster = is_cluster(settings.url)
         self._client: AsyncClient | None = None
+        # Function calls to one Redis server go through one pipelined connection (wire.py);
+        # a cluster (or TLS) keeps redis-py's client.
+        self._wire: Wire | None = None
         self._listen_client: AsyncClient | None = None
         self._sync_client: SyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -127,6 +131,10 @@ class RedisCoordinator:
         self._active_at: dict[str, float] = {}
         # The header of every call, encoded once per (workspace, epoch).
         self._headers: dict[tuple[str, str], list[bytes]] = {}
+        # (entry, key, workspace, epoch) -> the call's constant part in Redis's protocol (all
+        # but the count of its arguments and its own arguments).
+        self._heads: dict[tuple[str, str, str, str], bytes] = {}
+        self._route_keys: dict[str, str] = {}
         self._closed = False
 
     @property
@@ -176,6 +184,35 @@ class RedisCoordinator:
             self._headers[key] = packed
         return packed
 
+    def _route_key(self, workspace_id: str) -> str:
+        key = self._route_keys.get(workspace_id)
+        if key is None:
+            if len(self._route_keys) > 4096:
+                self._route_keys.clear()
+            key = self._route_keys[workspace_id] = route_key(self.settings.prefix, workspace_id)
+        return key
+
+    def _packed(
+        self, name: str, key: str, workspace_id: str, epoch: str, arguments: list[Any]
+    ) -> bytes:
+        """The whole FCALL in Redis's protocol: its constant head (function, key, header) is
+        encoded once per entry, workspace and epoch; only the call's own arguments are new."""
+        head_key = (name, key, workspace_id, epoch)
+        head = self._heads.get(head_key)
+        if head is None:
+            whole = command(
+                "FCALL", function_name(name), 1, key, *self._header(workspace_id, epoch)
+            )
+            head = whole[whole.index(b"\r\n") + 2 :]
+            if len(self._heads) > 4096:
+                self._heads.clear()
+            self._heads[head_key] = head
+        count = 4 + Header.SIZE + len(arguments)
+        if not arguments:
+            return b"*%d\r\n%b" % (count, head)
+        body = command(*arguments)
+        return b"*%d\r\n%b%b" % (count, head, body[body.index(b"\r\n") + 2 :])
+
     def _bind(self) -> None:
         loop = asyncio.get_running_loop()
         if loop is self._loop:
@@ -184,13 +221,16 @@ class RedisCoordinator:
             raise RuntimeError("this coordinator was closed")
         timeout = self.settings.timeout_ms / 1000.0
         no_retry = AsyncRetry(NoBackoff(), 0)
-        self._client = async_client(
-            self.settings.url,
-            max_connections=POOL_CONNECTIONS,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=no_retry,
-        )
+        if supports(self.settings.url):
+            self._wire = Wire(self.settings.url, timeout_s=timeout, connect_timeout_s=timeout)
+        else:
+            self._client = async_client(
+                self.settings.url,
+                max_connections=POOL_CONNECTIONS,
+                socket_timeout=timeout,
+                socket_connect_timeout=timeout,
+                retry=no_retry,
+            )
         # Callers beyond the pool's size wait their turn here (cheaper than a blocking pool).
         self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
         self._listen_client = async_client(
@@ -235,6 +275,9 @@ class RedisCoordinator:
             if client is not None:
                 await client.aclose()
         self._client = self._listen_client = None
+        if self._wire is not None:
+            await self._wire.aclose()
+            self._wire = None
         if self._sync_client is not None:
             self._sync_client.close()
             self._sync_client = None
@@ -328,16 +371,15 @@ class RedisCoordinator:
         if not self._announced and name != "heartbeat":
             # The process is known to the deployment (alive, reapable) before its first decision.
             await self._heartbeat()
-        assert self._client is not None
         self.round_trips[name] += 1
         if name == "reassert":
             self._acting.add(workspace_id)
-        header = self._header(workspace_id, self.epochs.get(workspace_id, ""))
+        epoch = self.epochs.get(workspace_id, "")
         self._inflight[workspace_id] += 1
         self._active_at[workspace_id] = time.monotonic()
         try:
             raw = await self._fcall(
-                name, route_key(self.settings.prefix, workspace_id), [*header, *call.pack()], call
+                name, self._route_key(workspace_id), workspace_id, epoch, call.pack(), call
             )
         except redis.ResponseError as error:
             # A function that fails is a bug, not an outage: say so loudly, and fail closed.
@@ -357,38 +399,57 @@ class RedisCoordinator:
         return result
 
     async def _fcall(
-        self, name: str, key: str, arguments: list[Any], call: Call[Any] | None = None
+        self,
+        name: str,
+        key: str,
+        workspace_id: str,
+        epoch: str,
+        arguments: list[Any],
+        call: Call[Any] | None = None,
     ) -> Any:
-        """One function call naming `key` (the hash slot it acts in, for a cluster's routing).
-        `arguments` start with the header (`Header.SIZE` of them); `call`, when given, says
-        what to send again if the first copy may have run."""
-        client = self._client
-        assert client is not None
-        function = function_name(name)
+        """One function call naming `key` (the hash slot it acts in, for a cluster's routing),
+        with the header of `workspace_id` at `epoch`, then `arguments`; `call`, when given,
+        says what to send again if the first copy may have run."""
+        wire = self._wire
         reconnected = loaded = False
         while True:
             try:
+                if wire is not None:
+                    return await wire.call(self._packed(name, key, workspace_id, epoch, arguments))
+                client = self._client
+                assert client is not None
                 async with self._slots:
-                    return await client.fcall(function, 1, key, *arguments)
+                    return await client.fcall(
+                        function_name(name),
+                        1,
+                        key,
+                        *self._header(workspace_id, epoch),
+                        *arguments,
+                    )
             except (redis.ConnectionError, ConnectionError):
                 if reconnected:
                     raise
-                # Pooled connections die together (Redis restarted, the network blinked): drop
-                # them all and try once more on a fresh one. Every function is safe to repeat
-                # (the first copy may have run: the call says so when it matters). A cluster
-                # client renews its connections (and its map of the slots) by itself.
+                # Connections die together (Redis restarted, the network blinked): drop them
+                # and try once more on a fresh one. Every function is safe to repeat (the first
+                # copy may have run: the call says so when it matters). A cluster client renews
+                # its connections (and its map of the slots) by itself.
                 reconnected = True
                 if call is not None:
-                    arguments = [*arguments[: Header.SIZE], *call.repeated().pack()]
-                if isinstance(client, redis.asyncio.Redis):
-                    await client.connection_pool.disconnect()
+                    arguments = call.repeated().pack()
+                # (A lost wire opens a new connection by itself on the next call.)
+                if wire is None and isinstance(self._client, redis.asyncio.Redis):
+                    await self._client.connection_pool.disconnect()
             except redis.ResponseError as error:
                 if loaded or not is_missing_function(error):
                     raise
                 # A Redis that restarted has lost the library: load it (on a cluster, on every
                 # primary), then call again.
                 loaded = True
-                await client.function_load(library_code(), replace=True)
+                if wire is not None:
+                    await wire.call(command("FUNCTION", "LOAD", "REPLACE", library_code()))
+                else:
+                    assert self._client is not None
+                    await self._client.function_load(library_code(), replace=True)
 
     def _sync(self) -> SyncClient:
         if self._sync_client is None:
@@ -578,9 +639,8 @@ class RedisCoordinator:
     async def _heartbeat_call(self, beat: Heartbeat) -> HeartbeatResult:
         self._bind()
         self.round_trips["heartbeat"] += 1
-        arguments = [*self._header("", ""), *beat.pack()]
         try:
-            raw = await self._fcall("heartbeat", beat.key, arguments)
+            raw = await self._fcall("heartbeat", beat.key, "", "", beat.pack())
         except redis.ResponseError as error:
             logger.error("admission function heartbeat failed: %s", error)
             raise CoordinationUnavailable(f"function heartbeat failed: {error}") from error

@@ -149,6 +149,10 @@ def _transitions(raw: dict[str, Any]) -> list[BreakerTransition]:
     ]
 
 
+# The keys of an answer that `Figures` reads.
+_FIGURE_KEYS = frozenset(("a", "q", "rp", "bs", "pz", "op", "tr"))
+
+
 @dataclass(frozen=True, slots=True)
 class Figures:
     """The deployment-wide figures a decision brings back for its principal and provider."""
@@ -166,15 +170,20 @@ class Figures:
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Figures:
+        if len(raw) <= 2 and _FIGURE_KEYS.isdisjoint(raw):
+            # An answer with its status (and epoch) only: most releases' and withdraws'.
+            return NO_FIGURES
+        get = raw.get
+        active = get("a")
         return cls(
-            "a" in raw,
-            int(raw.get("a", 0)),
-            int(raw.get("q", 0)),
-            int(raw.get("rp", 0)),
-            str(raw.get("bs", "closed")),
-            float(raw.get("pz", 0)),
-            float(raw.get("op", 0)),
-            _transitions(raw),
+            active is not None,
+            0 if active is None else int(active),
+            int(get("q", 0)),
+            int(get("rp", 0)),
+            str(get("bs", "closed")),
+            float(get("pz", 0)),
+            float(get("op", 0)),
+            _transitions(raw) if "tr" in raw else [],
         )
 
     @property
@@ -207,19 +216,22 @@ class Decision:
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Decision:
-        wake = raw.get("wake")
-        sequence = raw.get("seq")
-        reason = raw.get("reason")
+        get = raw.get
+        wake = get("wake")
+        sequence = get("seq")
+        reason = get("reason")
+        revision = get("rev")
+        released = get("rel")
         return cls(
             str(raw["st"]),
             Figures.parse(raw),
             None if reason is None else str(reason),
             None if wake is None else float(wake),
-            float(raw.get("wait", 0)),
-            None if raw.get("rev") is None else str(raw["rev"]),
+            float(get("wait", 0)),
+            None if revision is None else str(revision),
             None if sequence is None else int(sequence),
-            not raw.get("nc"),
-            tuple(Written.parse(entry) for entry in raw.get("rel") or ()),
+            not get("nc"),
+            tuple([Written.parse(entry) for entry in released]) if released else (),
         )
 
 

@@ -150,8 +150,9 @@ class ShadowAdmission:
         # The host's name for this shadow (its audit row), carried for the host's records.
         self.session = session
         self.clock = clock
-        # The registry that starts the shadow hands it a registry of its own to host it.
-        self._registry = host
+        # The registry that starts the shadow hands it a registry of its own to host it (its
+        # owner finds it here to close what it holds when the shadow is replaced).
+        self.host = host
         controller = host.register(profile)
         self.controller: AdmissionController = controller
         # Both sides' tallies per run (the budget id's part before its last "/", the

@@ -295,7 +295,7 @@ def registry_for_run(plan: RunPlan) -> tuple[AdmissionRegistry, RunHold]:
                 shared.register(profile, sequence=wanted.pk)
             _retire(key, running)
             started = registry.start_shadow(profile, session=wanted.pk, registry=shared)
-            _open(f"shadow:{wanted.pk}", started._registry)
+            _open(f"shadow:{wanted.pk}", started.host)
         canary = plan.canary
         if canary is None or canary.version is None:
             _retire(key, _canaries.pop(key, None))
@@ -359,7 +359,7 @@ def _retire(workspace_key: str, held: Any) -> None:
     space now if no run may use it any more, else when the last one ends."""
     if held is None:
         return
-    registry = held[1] if isinstance(held, tuple) else held._registry
+    registry = held[1] if isinstance(held, tuple) else held.host
     space = _spaces.get(id(registry))
     if space is None:
         return

@@ -11,6 +11,7 @@ from admission import access
 from admission.models import Workspace
 from console.forms.profiles import MONOSPACE, parse_json_object
 from evaluator import qualification
+from evaluator.engine.outcomes import AttemptRecord
 from evaluator.services import runs as services
 
 
@@ -33,6 +34,22 @@ def example_request(decisions: int = 10, *, adapter: str = "fake") -> dict[str, 
         },
         "input": {"text": "a refund of 20 EUR"},
     }
+
+
+def example_attempt(**fields: Any) -> dict[str, Any]:
+    """An attempt at one of `example_request`'s decisions as a run records it: the fake adapter's
+    demo model answered on the first try; `fields` are further `AttemptRecord` fields (timings,
+    tokens, evidence...)."""
+    return AttemptRecord(
+        target_index=0,
+        adapter_id="fake",
+        model="demo-model",
+        number=1,
+        sent=True,
+        outcome="succeeded",
+        reason="answered",
+        **fields,
+    ).to_dict()
 
 
 class EvaluationSubmitForm(forms.Form):

@@ -35,6 +35,7 @@ from evaluator.services.cancellation import (
     RunCancelNotAllowed,
     cancel_request_save,
 )
+from evaluator.services.runs import run_fail, run_finish
 
 __all__ = [
     "INTERRUPTED",
@@ -132,25 +133,6 @@ class LoadRunWatch:
         return CANCELLED if held else LOST
 
 
-def _end(run: LoadRun, token: uuid.UUID, status: str, **values: Any) -> LoadRun:
-    """Write the run's end while `token` still holds it (else leave it to whoever does)."""
-    with transaction.atomic():
-        locked = LoadRun.objects.select_for_update().get(pk=run.pk)
-        if locked.finished or locked.claim != token:
-            logger.warning("%s is no longer held by this claim; not writing its end", run)
-            return locked
-        locked.status = status
-        locked.finished_at = server_clock.now()
-        for name, value in values.items():
-            setattr(locked, name, value)
-        locked.save()
-    return locked
-
-
-def _failed(run: LoadRun, token: uuid.UUID, error_type: str, detail: str) -> LoadRun:
-    return _end(run, token, LoadRun.Status.FAILED, error={"type": error_type, "detail": detail})
-
-
 def load_run_execute_claimed(
     run: LoadRun, token: uuid.UUID, *, stop: threading.Event | None = None
 ) -> LoadRun:
@@ -188,20 +170,23 @@ def load_run_execute_claimed(
     if isinstance(error, LoadRunStopped):
         return _stopped(run, token, error.why)
     if isinstance(error, FileNotFoundError):
-        return _failed(
-            run, token, "manifest-missing", f"{run.manifest_name} is not under manifests/"
+        return run_fail(
+            run,
+            "manifest-missing",
+            f"{run.manifest_name} is not under manifests/",
+            claim=token,
         )
     if isinstance(error, LoadHarnessError):
-        return _failed(run, token, "load-harness", str(error))
+        return run_fail(run, "load-harness", str(error), claim=token)
     if isinstance(error, AdapterConfigError):
-        return _failed(run, token, "configuration", str(error))
+        return run_fail(run, "configuration", str(error), claim=token)
     if error is not None:
         raise error
     record = outcome["record"]
-    return _end(
+    return run_finish(
         run,
-        token,
-        LoadRun.Status.COMPLETED,
+        status=LoadRun.Status.COMPLETED,
+        claim=token,
         record=record,
         timeline=timelines[-1] if timelines else None,
         passed=bool(record.get("passed")),
@@ -250,7 +235,7 @@ def load_run_give_back(run: Any, token: uuid.UUID | None, why: str) -> str:
 def _stopped(run: LoadRun, token: uuid.UUID, why: str) -> LoadRun:
     if why == CANCELLED:
         logger.info("load run %s cancelled mid-run", run.pk)
-        return _end(run, token, LoadRun.Status.CANCELLED)
+        return run_finish(run, status=LoadRun.Status.CANCELLED, claim=token)
     if why == STOPPING:
         status = load_run_give_back(run, token, "its worker stopped mid-run")
         logger.warning("load run %s: its worker stops; now %s", run.pk, status or "not ours")

@@ -1,8 +1,9 @@
 """Usage over time: hourly aggregates per workspace, provider and principal.
 
 When an evaluation run finishes, `usage_record_run` adds its attempts to the `UsageHour` rows of
-the hour it finished and to the `UsageDay` rows of that UTC day, in the transaction that
-finishes it (so a run counts once, and a day is always the sum of its hours): calls sent, the
+the hour it finished and their roll-up (`usage_roll_up`) to the `UsageDay` rows of that UTC
+day, in the transaction that finishes it (so a run counts once, and a day is always the sum of
+its hours): calls sent, the
 actual tokens and cost that were reconciled with admission on release, admitted attempts,
 deferred attempts (those that waited in the admission queue, admitted or not) by the reasons
 they were deferred for (the attempt's `deferredBy`), refused attempts by reason, and the
@@ -22,13 +23,13 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Max, QuerySet, Sum
+from django.db.models import Max, QuerySet, Sum
 from django.utils import timezone
 
 from admission.core import ServiceError
@@ -45,6 +46,7 @@ __all__ = [
     "usage_prune",
     "usage_reasons",
     "usage_record_run",
+    "usage_roll_up",
     "usage_rows",
     "usage_series",
     "usage_totals",
@@ -91,20 +93,20 @@ def _day_after(at: datetime) -> datetime:
     return day if day == at else day + timedelta(days=1)
 
 
-@dataclass
-class _Usage:
-    runs: int = 0
-    calls: int = 0
-    tokens: int = 0
-    cost_usd: float = 0.0
-    unpriced_calls: int = 0
-    admitted: int = 0
-    deferred: int = 0
-    deferred_by_reason: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    refused: int = 0
-    refused_by_reason: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    queue_delay_ms_sum: float = 0.0
-    queue_delay_ms_max: float = 0.0
+# The figures that add up from hours to days (and from rows to totals); the reasons merge and
+# the largest queue delay is kept.
+_SUMMED = (
+    "runs",
+    "calls",
+    "tokens",
+    "cost_usd",
+    "unpriced_calls",
+    "admitted",
+    "deferred",
+    "refused",
+    "queue_delay_ms_sum",
+)
+_REASONS = ("deferred_by_reason", "refused_by_reason")
 
 
 def _number(value: Any) -> float | None:
@@ -124,13 +126,27 @@ def _deferred_by(attempt: dict[str, Any], evidence: dict[str, Any]) -> list[str]
     return []
 
 
-def _tally(attempts: Iterable[Any]) -> dict[str, _Usage]:
-    """provider -> what the run's attempts used of it."""
-    used: dict[str, _Usage] = defaultdict(_Usage)
-    for attempt in attempts:
+def _counted(reasons: dict[str, int], reason: str) -> None:
+    reasons[reason] = reasons.get(reason, 0) + 1
+
+
+def _tally(run: EvaluationRun, hour: datetime) -> list[UsageHour]:
+    """What the run's attempts used of each provider in `hour` (unsaved rows), in provider
+    order."""
+    used: dict[str, UsageHour] = {}
+    for attempt in run.attempts or []:
         if not isinstance(attempt, dict):
             continue
-        usage = used[str(attempt.get("adapterId") or "")]
+        provider = str(attempt.get("adapterId") or "")
+        usage = used.get(provider)
+        if usage is None:
+            usage = used[provider] = UsageHour(
+                workspace_id=run.workspace_id,
+                hour=hour,
+                provider_id=provider,
+                principal_id=run.principal_id,
+                runs=1,
+            )
         evidence = attempt.get("evidence") or {}
         decision = evidence.get("decision")
         if decision == "admit":
@@ -140,12 +156,12 @@ def _tally(attempts: Iterable[Any]) -> dict[str, _Usage]:
             usage.queue_delay_ms_max = max(usage.queue_delay_ms_max, delay)
         elif decision == "reject":
             usage.refused += 1
-            usage.refused_by_reason[str(evidence.get("reason") or "unknown")] += 1
+            _counted(usage.refused_by_reason, str(evidence.get("reason") or "unknown"))
         deferred_by = _deferred_by(attempt, evidence)
         if deferred_by:
             usage.deferred += 1
             for reason in deferred_by:
-                usage.deferred_by_reason[reason] += 1
+                _counted(usage.deferred_by_reason, reason)
         if attempt.get("sent"):
             usage.calls += 1
             tokens = _number(attempt.get("tokens"))
@@ -155,60 +171,65 @@ def _tally(attempts: Iterable[Any]) -> dict[str, _Usage]:
                 usage.unpriced_calls += 1
             else:
                 usage.cost_usd += cost
-    for usage in used.values():
-        usage.runs = 1
-    return used
+    return [used[provider] for provider in sorted(used)]
 
 
-def _merged(stored: dict[str, Any] | None, added: dict[str, int]) -> dict[str, int]:
-    merged = {str(k): int(v) for k, v in (stored or {}).items()}
-    for reason, count in added.items():
-        merged[reason] = merged.get(reason, 0) + count
-    return merged
+def _add_to(into: UsageFigures, added: UsageFigures) -> None:
+    """Add `added`'s figures to `into`'s."""
+    for name in _SUMMED:
+        setattr(into, name, getattr(into, name) + getattr(added, name))
+    for name in _REASONS:
+        merged = {str(k): int(v) for k, v in (getattr(into, name) or {}).items()}
+        for reason, count in (getattr(added, name) or {}).items():
+            merged[reason] = merged.get(reason, 0) + count
+        setattr(into, name, merged)
+    into.queue_delay_ms_max = max(into.queue_delay_ms_max, added.queue_delay_ms_max)
 
 
-def _add(
-    model: type[UsageFigures],
-    period: str,
-    at: datetime,
-    run: EvaluationRun,
-    provider: str,
-    usage: _Usage,
-) -> None:
+def usage_roll_up(hours: Iterable[UsageHour]) -> list[UsageDay]:
+    """The days of some hours (unsaved rows): per UTC day, provider and principal, the sum of
+    their hours, as `UsageDay` keeps it. In the order each day first appears."""
+    days: dict[tuple[datetime, str, str], UsageDay] = {}
+    for hour in hours:
+        day = _day(hour.hour)
+        key = (day, hour.provider_id, hour.principal_id)
+        into = days.get(key)
+        if into is None:
+            into = days[key] = UsageDay(
+                workspace_id=hour.workspace_id,
+                day=day,
+                provider_id=hour.provider_id,
+                principal_id=hour.principal_id,
+            )
+        _add_to(into, hour)
+    return list(days.values())
+
+
+def _add(added: UsageHour | UsageDay) -> None:
+    """Add an unsaved row's figures to the stored row of its period, locked."""
+    model = type(added)
+    period = "hour" if model is UsageHour else "day"
     row, _ = model.objects.select_for_update().get_or_create(  # type: ignore[attr-defined]
-        workspace_id=run.workspace_id,
-        provider_id=provider,
-        principal_id=run.principal_id,
-        **{period: at},
+        workspace_id=added.workspace_id,
+        provider_id=added.provider_id,
+        principal_id=added.principal_id,
+        **{period: getattr(added, period)},
     )
-    model.objects.filter(pk=row.pk).update(  # type: ignore[attr-defined]
-        runs=F("runs") + usage.runs,
-        calls=F("calls") + usage.calls,
-        tokens=F("tokens") + usage.tokens,
-        cost_usd=F("cost_usd") + usage.cost_usd,
-        unpriced_calls=F("unpriced_calls") + usage.unpriced_calls,
-        admitted=F("admitted") + usage.admitted,
-        deferred=F("deferred") + usage.deferred,
-        deferred_by_reason=_merged(row.deferred_by_reason, usage.deferred_by_reason),
-        refused=F("refused") + usage.refused,
-        refused_by_reason=_merged(row.refused_by_reason, usage.refused_by_reason),
-        queue_delay_ms_sum=F("queue_delay_ms_sum") + usage.queue_delay_ms_sum,
-        queue_delay_ms_max=max(row.queue_delay_ms_max, usage.queue_delay_ms_max),
-    )
+    _add_to(row, added)
+    row.save(update_fields=[*_SUMMED, *_REASONS, "queue_delay_ms_max"])
 
 
 def usage_record_run(run: EvaluationRun) -> None:
     """Add a finishing run's attempts to its workspace's hourly and daily usage. Call inside
     the transaction that finishes the run."""
-    used = _tally(run.attempts or [])
-    if not used:
-        return
     finished = run.finished_at or timezone.now()
-    hour, day = _hour(finished), _day(finished)
+    hours = _tally(run, _hour(finished))
+    if not hours:
+        return
     # Hours first, then days, each in provider order: concurrent runs lock rows in one order.
-    for model, period, at in ((UsageHour, "hour", hour), (UsageDay, "day", day)):
-        for provider, usage in sorted(used.items()):
-            _add(model, period, at, run, provider, usage)
+    rows: list[UsageHour | UsageDay] = [*hours, *usage_roll_up(hours)]
+    for added in rows:
+        _add(added)
     _prune_now_and_then()
 
 
@@ -322,19 +343,6 @@ class UsageTotals:
     @property
     def mean_queue_delay_ms(self) -> float:
         return self.queue_delay_ms_sum / self.admitted if self.admitted else 0.0
-
-
-_SUMMED = (
-    "runs",
-    "calls",
-    "tokens",
-    "cost_usd",
-    "unpriced_calls",
-    "admitted",
-    "deferred",
-    "refused",
-    "queue_delay_ms_sum",
-)
 
 
 def usage_totals(rows: UsageRows | QuerySet[Any], by: str | None = None) -> list[UsageTotals]:

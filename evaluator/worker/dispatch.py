@@ -34,15 +34,17 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Min, Q
 
-from evaluator.models import EvaluationRun, WorkerProcess
+from evaluator.models import EvaluationRun, LoadRun, WorkerProcess
 from evaluator.services import server_clock
 
 __all__ = [
     "HeartbeatTrust",
     "WorkerRefused",
+    "claims_serialized",
     "gone_workers",
     "process_start_ticks",
     "run_release",
+    "run_take",
     "runs_claim",
     "runs_heartbeat",
     "runs_sweep",
@@ -63,10 +65,43 @@ class WorkerRefused(Exception):
     """This worker process must not run evaluations beside the live workers (it says why)."""
 
 
-def _serialize() -> None:
+def claims_serialized(lock: int) -> None:
+    """Serialize the rest of this transaction with every other that asks for `lock`: a
+    transaction-scoped advisory lock on PostgreSQL; SQLite serializes writers itself."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock])
+
+
+def run_take(run: EvaluationRun | LoadRun, worker_id: str, **also: Any) -> bool:
+    """Claim `run` (locked, queued) for `worker_id` under a fresh claim token, with `also` (more
+    fields) set besides: a compare-and-set on `status`, mirrored on `run`. False when somebody
+    else got it. Both run kinds (evaluation and load runs) spell `queued` and `running` alike."""
+    now = server_clock.now()
+    run.status = RUNNING
+    run.claimed_by = worker_id
+    run.claim = uuid.uuid4()
+    run.heartbeat_at = now
+    run.deliveries += 1
+    if run.started_at is None:
+        run.started_at = now
+    for name, value in also.items():
+        setattr(run, name, value)
+    updated = (
+        type(run)
+        .objects.filter(pk=run.pk, status=QUEUED)
+        .update(
+            status=RUNNING,
+            claimed_by=worker_id,
+            claim=run.claim,
+            heartbeat_at=now,
+            deliveries=run.deliveries,
+            started_at=run.started_at,
+            updated_at=now,
+            **also,
+        )
+    )
+    return updated == 1
 
 
 class HeartbeatTrust:
@@ -143,7 +178,7 @@ def worker_register(worker_id: str, *, coordinated: bool, slots: int) -> WorkerP
     """Record this worker process; raises `WorkerRefused` when admission is kept in-process
     (not `coordinated`) on either side and another worker process is alive."""
     with transaction.atomic():
-        _serialize()
+        claims_serialized(_CLAIM_LOCK)
         now = server_clock.now()
         stale = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
         live = [
@@ -187,7 +222,7 @@ def runs_claim(worker_id: str, limit: int) -> list[EvaluationRun]:
     cap = int(settings.SLUICE_WORKSPACE_RUNS_IN_FLIGHT)
     claimed: list[EvaluationRun] = []
     with transaction.atomic():
-        _serialize()
+        claims_serialized(_CLAIM_LOCK)
         heads: dict[tuple[int, str], Any] = {
             (row["workspace_id"], row["principal_id"]): row["first"]
             for row in EvaluationRun.objects.filter(status=QUEUED)
@@ -229,24 +264,7 @@ def runs_claim(worker_id: str, limit: int) -> list[EvaluationRun]:
             if run is None:
                 del heads[group]
                 continue
-            now = server_clock.now()
-            run.status = RUNNING
-            run.claimed_by = worker_id
-            run.claim = uuid.uuid4()
-            run.heartbeat_at = now
-            run.deliveries += 1
-            if run.started_at is None:
-                run.started_at = now
-            updated = EvaluationRun.objects.filter(pk=run.pk, status=QUEUED).update(
-                status=RUNNING,
-                claimed_by=worker_id,
-                claim=run.claim,
-                heartbeat_at=now,
-                deliveries=run.deliveries,
-                started_at=run.started_at,
-                updated_at=now,
-            )
-            if updated != 1:
+            if not run_take(run, worker_id):
                 continue
             claimed.append(run)
             by_workspace[workspace] += 1

@@ -28,14 +28,14 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, Max, Min, Q
 from django.utils import timezone
 
 from evaluator.models import LoadRun, WorkerProcess
 from evaluator.services import server_clock
 from evaluator.services.load_runs import load_run_execute_claimed, load_run_give_back
-from evaluator.worker.dispatch import gone_workers, trusted
+from evaluator.worker.dispatch import claims_serialized, gone_workers, run_take, trusted
 
 __all__ = [
     "load_run_claim_one",
@@ -53,12 +53,6 @@ RUNNING = LoadRun.Status.RUNNING
 _CLAIM_LOCK = 0x736C75696C
 
 
-def _serialize() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_CLAIM_LOCK])
-
-
 def _in_flight() -> Counter[int]:
     counts: Counter[int] = Counter()
     for row in (
@@ -70,28 +64,10 @@ def _in_flight() -> Counter[int]:
 
 def _take(run: LoadRun, worker_id: str) -> bool:
     """Claim `run` (locked, queued) for `worker_id`; False when somebody else got it."""
-    now = server_clock.now()
-    run.status = RUNNING
-    run.claimed_by = worker_id
-    run.claim = uuid.uuid4()
-    run.heartbeat_at = now
-    run.deliveries += 1
-    run.progress = 0.0
-    if run.started_at is None:
-        run.started_at = now
-    updated = LoadRun.objects.filter(pk=run.pk, status=QUEUED).update(
-        status=RUNNING,
-        claimed_by=worker_id,
-        claim=run.claim,
-        heartbeat_at=now,
-        deliveries=run.deliveries,
-        started_at=run.started_at,
-        progress=0.0,
-        updated_at=now,
-    )
-    if updated == 1 and run.deliveries > 1:
+    taken = run_take(run, worker_id, progress=0.0)
+    if taken and run.deliveries > 1:
         logger.warning("%s claimed again (delivery %d); it starts again", run, run.deliveries)
-    return updated == 1
+    return taken
 
 
 def load_runs_claim(worker_id: str, limit: int) -> list[LoadRun]:
@@ -101,7 +77,7 @@ def load_runs_claim(worker_id: str, limit: int) -> list[LoadRun]:
     cap = int(settings.SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT)
     claimed: list[LoadRun] = []
     with transaction.atomic():
-        _serialize()
+        claims_serialized(_CLAIM_LOCK)
         oldest: dict[int, datetime] = {
             row["workspace_id"]: row["first"]
             for row in LoadRun.objects.filter(status=QUEUED)
@@ -152,7 +128,7 @@ def load_run_claim_one(run_id: uuid.UUID | str, worker_id: str) -> LoadRun | Non
     """
     cap = int(settings.SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT)
     with transaction.atomic():
-        _serialize()
+        claims_serialized(_CLAIM_LOCK)
         run = (
             LoadRun.objects.select_for_update(skip_locked=True, of=("self",))
             .select_related("workspace", "what_if_version__workspace")

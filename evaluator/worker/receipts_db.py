@@ -13,20 +13,37 @@ a slot never waits for the document write in flight; it does conflict with the `
 claim takes, so a run the receipt was taken from adds no slot once the claim is under way, and the
 claim sees every slot added before it. Other databases (SQLite serialises every write anyway)
 check and insert in one transaction.
+
+A store made with ``direct_slots`` sends slot writes from the event loop itself, on autocommit
+connections of that loop (at most ``direct_slots`` at once, opened when first needed, kept for
+the next writes): a slot write is then one round trip between the loop and the server, with no
+thread in between, and never waits behind the pool's document writes. ``aclose`` on that loop
+closes them. A loop on virtual time keeps the pool (its time stands still only for executor
+jobs).
+
+A document write is one statement in autocommit on PostgreSQL too: an ``UPDATE`` (compare-and-set
+on the revision, only while running) with a ``DELETE`` of the slots it settles in the same
+statement, removing them only if the update matched.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
+import psycopg
 from asgiref.sync import sync_to_async
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, transaction
+from django.db import utils as db_errors
 from django.db.models import Q
 
+from admission.core import VirtualTimeLoop
 from evaluator.engine.errors import ReceiptConflictError
 from evaluator.engine.receipts import (
     RUNNING,
@@ -70,8 +87,15 @@ def in_database_thread(
 class DatabaseReceiptStore:
     """Receipts as ``Receipt`` rows, one per (workspace, invocation)."""
 
-    def __init__(self, executor: ThreadPoolExecutor | None = None) -> None:
+    def __init__(
+        self, executor: ThreadPoolExecutor | None = None, *, direct_slots: int = 0
+    ) -> None:
         self._executor = executor
+        # Slot writes from the loop (PostgreSQL only): per loop, at most this many connections.
+        self._direct_slots = direct_slots if connections["default"].vendor == "postgresql" else 0
+        self._loop_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopConnections] = (
+            weakref.WeakKeyDictionary()
+        )
 
     async def load(self, key: ReceiptKey) -> dict[str, Any] | None:
         """See ``ReceiptStore.load``."""
@@ -89,9 +113,34 @@ class DatabaseReceiptStore:
         self, key: ReceiptKey, slots: Sequence[Mapping[str, Any]], *, claim: int
     ) -> None:
         """See ``ReceiptStore.add_slots``."""
+        direct = self._loop_connections()
+        if direct is not None:
+            sql, params = _slot_insert(key, slots, claim)
+            async with direct.connection() as connection:
+                try:
+                    cursor = await connection.execute(sql, params)
+                except psycopg.IntegrityError:
+                    raise ReceiptConflictError(key.invocation_id, 0) from None
+                except psycopg.Error as error:
+                    raise _django_error(error) from error
+            if cursor.rowcount != len(slots):
+                raise ReceiptConflictError(key.invocation_id, 0)
+            return
         await in_database_thread(self._add_slots, self._executor)(
             key, [dict(slot) for slot in slots], claim
         )
+
+    def _loop_connections(self) -> _LoopConnections | None:
+        """The running loop's slot connections, when slot writes go from the loop."""
+        if not self._direct_slots:
+            return None
+        loop = asyncio.get_running_loop()
+        if isinstance(loop, VirtualTimeLoop):
+            return None
+        found = self._loop_slots.get(loop)
+        if found is None:
+            found = self._loop_slots[loop] = _LoopConnections(self._direct_slots)
+        return found
 
     async def update(
         self,
@@ -108,7 +157,10 @@ class DatabaseReceiptStore:
 
     async def aclose(self) -> None:
         """Close the database connections of the thread the store worked in (the default
-        thread; a pool's threads belong to its owner)."""
+        thread; a pool's threads belong to its owner) and the running loop's slot connections."""
+        direct = self._loop_slots.pop(asyncio.get_running_loop(), None)
+        if direct is not None:
+            await direct.aclose()
         if self._executor is None:
             await sync_to_async(connections.close_all, thread_sensitive=True)()
 
@@ -163,20 +215,7 @@ class DatabaseReceiptStore:
         if connection.vendor != "postgresql":
             cls._add_slots_in_transaction(key, slots, claim)
             return
-        values = ", ".join(["(%s, %s, %s, %s::jsonb)"] * len(slots))
-        params: list[Any] = []
-        for slot in slots:
-            params.extend([*slot_key(slot), json.dumps(slot)])
-        slot_table = ReceiptSlot._meta.db_table
-        receipt_table = Receipt._meta.db_table
-        sql = (
-            f"INSERT INTO {slot_table} (receipt_id, decision_index, target_index, number, slot) "
-            f"SELECT r.id, v.d, v.t, v.n, v.s FROM {receipt_table} r, "
-            f"(VALUES {values}) AS v (d, t, n, s) "
-            "WHERE r.workspace_id = %s AND r.invocation_id = %s AND r.principal_id = %s "
-            "AND r.claim = %s AND r.state = %s FOR KEY SHARE OF r"
-        )
-        params.extend([key.workspace_id, key.invocation_id, key.principal_id, claim, RUNNING])
+        sql, params = _slot_insert(key, slots, claim)
         try:
             # Autocommit: the statement is its own transaction, one round trip.
             with connection.cursor() as cursor:
@@ -214,6 +253,57 @@ class DatabaseReceiptStore:
         settled: list[SlotKey],
     ) -> None:
         body, _ = split_slots(document)
+        connection = connections["default"]
+        if connection.vendor != "postgresql":
+            cls._update_in_transaction(key, document, body, expected_revision, settled)
+            return
+        receipt_table = Receipt._meta.db_table
+        slot_table = ReceiptSlot._meta.db_table
+        params: list[Any] = [
+            document["schema"],
+            document["state"],
+            document["revision"],
+            json.dumps(body),
+            key.workspace_id,
+            key.invocation_id,
+            key.principal_id,
+            expected_revision,
+            RUNNING,
+        ]
+        # The settled slots go in the same statement, removed only if the update matched.
+        removal = ""
+        if settled:
+            removal = (
+                f", removed AS (DELETE FROM {slot_table} s USING updated "
+                "WHERE s.receipt_id = updated.id "
+                "AND (s.decision_index, s.target_index, s.number) IN "
+                f"(VALUES {', '.join(['(%s, %s, %s)'] * len(settled))}))"
+            )
+            for decision, target, number in settled:
+                params.extend([decision, target, number])
+        sql = (
+            f"WITH updated AS (UPDATE {receipt_table} SET schema = %s, state = %s, "
+            "revision = %s, document = %s::jsonb, updated_at = clock_timestamp() "
+            "WHERE workspace_id = %s AND invocation_id = %s AND principal_id = %s "
+            f"AND revision = %s AND state = %s RETURNING id){removal} "
+            "SELECT count(*) FROM updated"
+        )
+        # Autocommit: one statement, one round trip, the update and the removal atomic.
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            (updated,) = cursor.fetchone()
+        if updated != 1:
+            raise ReceiptConflictError(key.invocation_id, expected_revision)
+
+    @classmethod
+    def _update_in_transaction(
+        cls,
+        key: ReceiptKey,
+        document: dict[str, Any],
+        body: dict[str, Any],
+        expected_revision: int,
+        settled: list[SlotKey],
+    ) -> None:
         with transaction.atomic():
             updated = (
                 cls._receipt(key)
@@ -250,3 +340,97 @@ def _rows(receipt_id: int, slots: Any) -> list[ReceiptSlot]:
         )
         for slot in slots
     ]
+
+
+def _slot_insert(
+    key: ReceiptKey, slots: Sequence[Mapping[str, Any]], claim: int
+) -> tuple[str, list[Any]]:
+    """The one statement that adds ``slots`` (PostgreSQL): it finds the receipt row under its
+    claim and state, locked ``FOR KEY SHARE``, and inserts nothing otherwise."""
+    values = ", ".join(["(%s, %s, %s, %s::jsonb)"] * len(slots))
+    params: list[Any] = []
+    for slot in slots:
+        params.extend([*slot_key(slot), json.dumps(slot)])
+    slot_table = ReceiptSlot._meta.db_table
+    receipt_table = Receipt._meta.db_table
+    sql = (
+        f"INSERT INTO {slot_table} (receipt_id, decision_index, target_index, number, slot) "
+        f"SELECT r.id, v.d, v.t, v.n, v.s FROM {receipt_table} r, "
+        f"(VALUES {values}) AS v (d, t, n, s) "
+        "WHERE r.workspace_id = %s AND r.invocation_id = %s AND r.principal_id = %s "
+        "AND r.claim = %s AND r.state = %s FOR KEY SHARE OF r"
+    )
+    params.extend([key.workspace_id, key.invocation_id, key.principal_id, claim, RUNNING])
+    return sql, params
+
+
+# What psycopg raises, as Django raises it (the runner tells a database that went away by these).
+_DJANGO_ERRORS = (
+    db_errors.DataError,
+    db_errors.OperationalError,
+    db_errors.IntegrityError,
+    db_errors.InternalError,
+    db_errors.ProgrammingError,
+    db_errors.NotSupportedError,
+    db_errors.InterfaceError,
+    db_errors.DatabaseError,
+)
+
+
+def _django_error(error: psycopg.Error) -> db_errors.Error:
+    for django_type in _DJANGO_ERRORS:
+        if isinstance(error, getattr(psycopg, django_type.__name__)):
+            return django_type(*error.args)
+    return db_errors.Error(*error.args)
+
+
+class _LoopConnections:
+    """The autocommit connections one event loop writes slots on, at most ``size`` at once (a
+    write that finds them all busy waits for one). A connection whose write failed other than by
+    a constraint, or was cancelled, is closed, and the next write opens a fresh one."""
+
+    def __init__(self, size: int) -> None:
+        self._idle: list[psycopg.AsyncConnection[Any]] = []
+        self._free = asyncio.Semaphore(size)
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        async with self._free:
+            if self._idle:
+                connection = self._idle.pop()
+            else:
+                try:
+                    connection = await psycopg.AsyncConnection.connect(
+                        **_connection_params(), autocommit=True
+                    )
+                except psycopg.Error as error:
+                    raise _django_error(error) from error
+            try:
+                yield connection
+            except (psycopg.IntegrityError, ReceiptConflictError):
+                self._keep(connection)
+                raise
+            except BaseException:
+                # The server went away, or the write was cancelled mid-statement.
+                await connection.close()
+                raise
+            else:
+                self._keep(connection)
+
+    def _keep(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        if connection.closed or connection.broken:
+            return
+        self._idle.append(connection)
+
+    async def aclose(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            await connection.close()
+
+
+def _connection_params() -> dict[str, Any]:
+    """What the default database's connections are opened with, less Django's own parts."""
+    params = connections["default"].get_connection_params()
+    for name in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(name, None)
+    return dict(params)

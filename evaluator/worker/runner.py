@@ -107,7 +107,10 @@ class Runner:
         self.database = ThreadPoolExecutor(
             max_workers=int(settings.SLUICE_WORKER_DB_THREADS), thread_name_prefix="sluice-db"
         )
-        self.receipts = DatabaseReceiptStore(self.database)
+        # Slot writes go from the loop on connections of its own (as many as the pool's threads).
+        self.receipts = DatabaseReceiptStore(
+            self.database, direct_slots=int(settings.SLUICE_WORKER_DB_THREADS)
+        )
         self.counters = _Counters()
         self._held: dict[uuid.UUID, _Held] = {}
         # Load runs: each runs the harness in a thread of its own, at most `load_slots` at once.
@@ -218,8 +221,17 @@ class Runner:
             self._keep_held_permits()
             refresh.stop_listener()
             live.stop_publisher()
+            self._close_slot_connections()
             self.database.shutdown(wait=False)
             connections.close_all()
+
+    def _close_slot_connections(self) -> None:
+        """Close the loop's slot connections (the loop may be gone already, and they with it)."""
+        try:
+            closing = asyncio.run_coroutine_threadsafe(self.receipts.aclose(), self.loop.loop)
+            closing.result(timeout=5)
+        except (RuntimeError, TimeoutError, concurrent.futures.TimeoutError, *_DATABASE_DOWN):
+            logger.info("evaluation runner: slot connections left to close with the process")
 
     def _abort_left(self) -> None:
         """Stop the evaluations given back at shutdown: their calls in flight are aborted, and

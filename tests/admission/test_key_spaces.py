@@ -81,7 +81,7 @@ def _key_space_registries(registry: Any) -> list[Any]:
     found = []
     shadow = registry.shadow("acme")
     if shadow is not None:
-        found.append(shadow._registry)
+        found.append(shadow.host)
     found += [own for _, own in runtime._canaries.values()]
     return found
 
@@ -192,7 +192,7 @@ def test_a_replaced_shadow_key_space_closes_when_the_runs_in_flight_then_end(
     first_shadow = registry.shadow(workspace.key)
     assert first_shadow is not None
     _use(registry, workspace, loop)
-    closed = _closed(first_shadow._registry, admission)
+    closed = _closed(first_shadow.host, admission)
     # Run b starts under the next shadow: run a may still have copies in the first one.
     _, b = runtime.registry_for_run(_plan(workspace, shadow=shadows[1]))
     assert runtime.open_key_spaces() == ["shadow:11", "shadow:12"]

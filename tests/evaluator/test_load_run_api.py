@@ -4,7 +4,6 @@ through the database, progress and cancel fields, the cancel route and action, r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,8 +12,6 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from admission.models import Workspace
-from admission.runtime import registry as runtime
-from config.demo import demo_setup
 from evaluator.models import LoadRun
 from evaluator.worker import load_dispatch
 
@@ -22,16 +19,6 @@ pytestmark = pytest.mark.django_db
 
 RUNS = "/api/workspaces/demo/load-runs/"
 BODY = {"manifest": "load-manifest.v2.json", "target": "admission-controller"}
-
-
-@pytest.fixture
-def demo(settings: Any) -> Iterator[Workspace]:
-    runtime.reset_registry()
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    settings.SLUICE_THROTTLE_RATES = {"anon": None, "user": None, "workspace": None, "submit": None}
-    demo_setup()
-    yield Workspace.objects.get(key="demo")
-    runtime.reset_registry()
 
 
 def _user(name: str, workspace: Workspace | None, role: str) -> Any:

@@ -1,6 +1,7 @@
 """CNC-RECEIPT-V3 on PostgreSQL: many slots of one run written at once are all kept, a second
 writer of the same run overwrites nothing, a slot never waits for its run's document write in
-flight, and one run's writes never wait for another's."""
+flight, and one run's writes never wait for another's; each with slot writes on the pool's
+threads and sent from the event loop on its own connections (as a worker sends them)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 
 from admission.core import SystemClock
 from evaluator.engine.errors import ReceiptConflictError
@@ -19,6 +20,7 @@ from evaluator.engine.receipts import ReceiptJournal, ReceiptKey
 from evaluator.models import Receipt, ReceiptSlot
 from evaluator.services import server_clock
 from evaluator.worker.receipts_db import DatabaseReceiptStore
+from tests.evaluator.stores import PassThroughStore
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -59,28 +61,34 @@ def stored(invocation_id: str) -> dict:
         connections.close_all()
 
 
-class CountingStore:
+def run_closing(store, coroutine):
+    """Run `coroutine` on a new loop, closing the store's connections of that loop at its end."""
+
+    async def closing():
+        try:
+            return await coroutine
+        finally:
+            await store.aclose()
+
+    return asyncio.run(closing())
+
+
+class CountingStore(PassThroughStore):
     """Passes everything through to the database store and counts slot writes."""
 
     def __init__(self, inner: DatabaseReceiptStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.slot_writes = 0
 
-    async def load(self, key):
-        return await self.inner.load(key)
-
-    async def create(self, key, document):
-        await self.inner.create(key, document)
-
-    async def claim(self, key):
-        return await self.inner.claim(key)
-
     async def add_slots(self, key, slots, *, claim):
-        await self.inner.add_slots(key, slots, claim=claim)
+        await super().add_slots(key, slots, claim=claim)
         self.slot_writes += 1
 
-    async def update(self, key, document, *, expected_revision, settled=()):
-        await self.inner.update(key, document, expected_revision=expected_revision, settled=settled)
+
+@pytest.fixture(params=[0, 8], ids=["pool-threads", "from-the-loop"])
+def direct(request):
+    """How many connections of its own the loop sends slot writes on (0: the pool's threads)."""
+    return request.param
 
 
 @pytest.fixture
@@ -101,8 +109,8 @@ def pool():
     executor.shutdown(wait=True)
 
 
-def test_CNC_RECEIPT_V3_007_sixty_four_slots_of_one_run_filled_at_once_are_all_kept(pool):
-    store = CountingStore(DatabaseReceiptStore(pool))
+def test_CNC_RECEIPT_V3_007_sixty_four_slots_of_one_run_filled_at_once_are_all_kept(pool, direct):
+    store = CountingStore(DatabaseReceiptStore(pool, direct_slots=direct))
     rng = random.Random(7)
 
     async def dispatch(journal: ReceiptJournal, index: int) -> None:
@@ -125,7 +133,7 @@ def test_CNC_RECEIPT_V3_007_sixty_four_slots_of_one_run_filled_at_once_are_all_k
         await journal.finish("completed")
         return filled, await asyncio.to_thread(stored, "inv-stress")
 
-    filled, done = asyncio.run(main())
+    filled, done = run_closing(store, main())
     # Fewer slot writes than slots: slots marked together went in one write.
     assert store.slot_writes < SLOTS
     assert sorted(slot["decisionIndex"] for slot in filled["pendingDispatches"]) == list(
@@ -140,8 +148,8 @@ def test_CNC_RECEIPT_V3_007_sixty_four_slots_of_one_run_filled_at_once_are_all_k
     assert not ReceiptSlot.objects.filter(receipt=row).exists()
 
 
-def test_a_second_writer_of_the_same_run_overwrites_no_slot(pool):
-    store = DatabaseReceiptStore(pool)
+def test_a_second_writer_of_the_same_run_overwrites_no_slot(pool, direct):
+    store = DatabaseReceiptStore(pool, direct_slots=direct)
 
     async def main():
         first = await open_journal(store, "inv-two-writers", 4)
@@ -156,13 +164,13 @@ def test_a_second_writer_of_the_same_run_overwrites_no_slot(pool):
             await first.record_attempt(0, attempt(0, outcome=SUCCEEDED))
         return await asyncio.to_thread(stored, "inv-two-writers")
 
-    document = asyncio.run(main())
+    document = run_closing(store, main())
     assert sorted(slot["decisionIndex"] for slot in document["pendingDispatches"]) == [0, 1]
 
 
-def test_one_runs_writes_never_wait_for_another_runs(pool):
+def test_one_runs_writes_never_wait_for_another_runs(pool, direct):
     """A transaction holding run A's row locked does not delay run B's slots and records."""
-    store = DatabaseReceiptStore(pool)
+    store = DatabaseReceiptStore(pool, direct_slots=direct)
     locked = threading.Event()
     release = threading.Event()
 
@@ -197,16 +205,16 @@ def test_one_runs_writes_never_wait_for_another_runs(pool):
         await blocked
         return a_waiting, await asyncio.to_thread(stored, "inv-b")
 
-    a_waiting, document_b = asyncio.run(main())
+    a_waiting, document_b = run_closing(store, main())
     assert a_waiting, "run A's write should have waited for its own row's lock"
     assert document_b["state"] == "completed" and document_b["pendingDispatches"] == []
     assert all(len(entry["attempts"]) == 1 for entry in document_b["decisions"])
 
 
-def test_a_slot_never_waits_for_its_runs_document_write_in_flight(pool):
+def test_a_slot_never_waits_for_its_runs_document_write_in_flight(pool, direct):
     """While a document write of the run holds its row (an update not yet committed), the run's
     next slots become durable; the document write behind it waits, and loses nothing."""
-    store = DatabaseReceiptStore(pool)
+    store = DatabaseReceiptStore(pool, direct_slots=direct)
     locked = threading.Event()
     release = threading.Event()
 
@@ -245,7 +253,7 @@ def test_a_slot_never_waits_for_its_runs_document_write_in_flight(pool):
         await blocked
         return during, document_waiting, await asyncio.to_thread(stored, "inv-flight")
 
-    during, document_waiting, after = asyncio.run(main())
+    during, document_waiting, after = run_closing(store, main())
     assert document_waiting, "the document write should have waited for the row"
     # All eight slots were durable while the document write waited (d0's not yet settled).
     assert sorted(slot["decisionIndex"] for slot in during["pendingDispatches"]) == list(range(8))
@@ -268,11 +276,11 @@ class WatchedStore(CountingStore):
         self.updated.set()
 
 
-def test_an_attempts_record_is_written_at_once_and_lands_while_the_next_call_is_out(pool):
+def test_an_attempts_record_is_written_at_once_and_lands_while_the_next_call_is_out(pool, direct):
     """The record of an attempt whose call ended goes to the database in the next turn of the
     loop, beside the next call's slot write rather than after it, and lands with nothing more
     from the run: a worker killed while its next call is out loses only that call's outcome."""
-    store = WatchedStore(DatabaseReceiptStore(pool))
+    store = WatchedStore(DatabaseReceiptStore(pool, direct_slots=direct))
 
     async def main():
         journal = await open_journal(store, "inv-prompt", 2)
@@ -294,9 +302,42 @@ def test_an_attempts_record_is_written_at_once_and_lands_while_the_next_call_is_
         await journal.settle()
         return started_within_turns, durable
 
-    started_within_turns, durable = asyncio.run(main())
+    started_within_turns, durable = run_closing(store, main())
     assert started_within_turns == 1, "the record's write should start in the next turns"
     assert durable["decisions"][0]["status"] == SUCCEEDED
     assert [a["outcome"] for a in durable["decisions"][0]["attempts"]] == [SUCCEEDED]
     # Only the call still out has its slot: resumed now, d0 would not turn uncertain.
     assert [slot["decisionIndex"] for slot in durable["pendingDispatches"]] == [1]
+
+
+def test_a_slot_connection_the_server_dropped_is_replaced_at_the_next_write(pool):
+    """A slot write on a loop connection the server closed fails as Django's database errors
+    do (the run stops and is resumed elsewhere); the loop's next slot write opens a fresh one."""
+    store = DatabaseReceiptStore(pool, direct_slots=1)
+
+    def drop_slot_connections() -> int:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                    "AND query LIKE 'INSERT INTO evaluator_receiptslot%%'"
+                )
+                return cursor.rowcount
+        finally:
+            connections.close_all()
+
+    async def main():
+        first = await open_journal(store, "inv-dropped", 2)
+        await first.mark_dispatch(0, attempt(0))
+        dropped = await asyncio.to_thread(drop_slot_connections)
+        with pytest.raises(OperationalError):
+            await first.mark_dispatch(1, attempt(1))
+        # The next claimant of the receipt writes its slots on a fresh connection.
+        second = await open_journal(store, "inv-dropped", 2)
+        await second.mark_dispatch(1, attempt(1))
+        return dropped, await asyncio.to_thread(stored, "inv-dropped")
+
+    dropped, document = run_closing(store, main())
+    assert dropped == 1
+    assert sorted(slot["decisionIndex"] for slot in document["pendingDispatches"]) == [0, 1]

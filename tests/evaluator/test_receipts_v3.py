@@ -30,35 +30,30 @@ from tests.evaluator.builders import (
     ruleset_doc,
     run_virtual,
 )
+from tests.evaluator.stores import PassThroughStore
 
 V2_RUNNING = Path(__file__).parent / "fixtures" / "receipt-v2-running.json"
 
 
-class RecordingStore:
+class RecordingStore(PassThroughStore):
     """Passes everything through to ``inner`` and keeps every document written and every slot
     write, in order."""
 
     def __init__(self, inner):
-        self.inner = inner
+        super().__init__(inner)
         self.written = []
         self.slot_writes = []
 
-    async def load(self, key):
-        return await self.inner.load(key)
-
     async def create(self, key, document):
-        await self.inner.create(key, document)
+        await super().create(key, document)
         self.written.append(json.loads(json.dumps(document)))
 
-    async def claim(self, key):
-        return await self.inner.claim(key)
-
     async def add_slots(self, key, slots, *, claim):
-        await self.inner.add_slots(key, slots, claim=claim)
+        await super().add_slots(key, slots, claim=claim)
         self.slot_writes.append(json.loads(json.dumps(list(slots))))
 
     async def update(self, key, document, *, expected_revision, settled=()):
-        await self.inner.update(key, document, expected_revision=expected_revision, settled=settled)
+        await super().update(key, document, expected_revision=expected_revision, settled=settled)
         self.written.append(json.loads(json.dumps(document)))
 
 
@@ -282,33 +277,24 @@ class SimulatedCrash(Exception):
     """The process stops: this write and everything after it are lost."""
 
 
-class CrashingStore:
+class CrashingStore(PassThroughStore):
     """Fails the ``crash_at``-th write (slot write or document update) of one run; with
     ``applied`` the write lands first (the commit reached the database but its answer never came
     back)."""
 
     def __init__(self, inner, crash_at, applied):
-        self.inner = inner
+        super().__init__(inner)
         self.crash_at = crash_at
         self.applied = applied
         self.writes = 0
 
-    async def load(self, key):
-        return await self.inner.load(key)
-
-    async def create(self, key, document):
-        await self.inner.create(key, document)
-
-    async def claim(self, key):
-        return await self.inner.claim(key)
-
     async def add_slots(self, key, slots, *, claim):
-        await self._write(key, self.inner.add_slots(key, slots, claim=claim))
+        await self._write(key, super().add_slots(key, slots, claim=claim))
 
     async def update(self, key, document, *, expected_revision, settled=()):
         await self._write(
             key,
-            self.inner.update(key, document, expected_revision=expected_revision, settled=settled),
+            super().update(key, document, expected_revision=expected_revision, settled=settled),
         )
 
     async def _write(self, key, write):

@@ -4,7 +4,6 @@ worker's side (a real Redis stopped mid-run) is in tests/service/test_admission_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,8 +12,6 @@ from django.contrib.auth import get_user_model
 from rest_framework.test import APIClient
 
 from admission.models import Workspace
-from admission.runtime import registry as runtime
-from config.demo import demo_setup
 from console.admin.runs import EvaluationRunAdmin
 from console.forms.runs import example_request
 from evaluator.engine.outcomes import AttemptRecord
@@ -26,16 +23,12 @@ RUNS = "/api/workspaces/demo/evaluations/"
 
 
 @pytest.fixture
-def client(settings: Any) -> Iterator[APIClient]:
-    runtime.reset_registry()
-    settings.SLUICE_THROTTLE_RATES = {"anon": None, "user": None, "workspace": None, "submit": None}
-    demo_setup()
+def client(demo: Workspace) -> APIClient:
     user = get_user_model().objects.create_user(username="mia")
-    Workspace.objects.get(key="demo").members.add(user, through_defaults={"role": "member"})
+    demo.members.add(user, through_defaults={"role": "member"})
     api = APIClient()
     api.force_authenticate(user)
-    yield api
-    runtime.reset_registry()
+    return api
 
 
 def _attempt(decision_id: str, **fields: Any) -> dict[str, Any]:

@@ -16,9 +16,8 @@ from knox.models import AuthToken
 from schemathesis.checks import response_schema_conformance
 
 from admission.models import Workspace
-from admission.runtime import registry as runtime
 from admission.services import profiles
-from config.demo import demo_profile, demo_setup
+from config.demo import demo_profile
 from config.wsgi import application
 from evaluator.models import LoadRun
 from evaluator.worker import load_dispatch
@@ -31,18 +30,13 @@ LOAD_RUN = "/api/workspaces/{workspace_key}/load-runs/{run_id}/"
 
 
 @pytest.fixture
-def demo(settings: Any) -> Iterator[Workspace]:
-    runtime.reset_registry()
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    settings.SLUICE_THROTTLE_RATES = {"anon": None, "user": None, "workspace": None, "submit": None}
+def demo(demo: Workspace) -> Iterator[Workspace]:
     # Straight through WSGI Django would close the test's connection after each request.
     signals.request_started.disconnect(close_old_connections)
     signals.request_finished.disconnect(close_old_connections)
-    demo_setup()
-    yield Workspace.objects.get(key="demo")
+    yield demo
     signals.request_started.connect(close_old_connections)
     signals.request_finished.connect(close_old_connections)
-    runtime.reset_registry()
 
 
 def _token(name: str, workspace: Workspace, role: str) -> tuple[Any, str]:

@@ -415,3 +415,30 @@ def admission_redis_env(deployment: Deployment) -> dict[str, str]:
     if not _reachable(url, 6379):
         pytest.skip(f"no Redis for deployment-wide admission at {url}")
     return {"SLUICE_ADMISSION_REDIS_URL": url}
+
+
+def staged_provider_env(base_url: str, *, window_seconds: float) -> dict[str, str]:
+    """A deployment's environment for staged-provider load runs: the demo's `fake` adapter and a
+    `staged` OpenAI-compatible one at `base_url` (a loopback server), the latter the staged
+    provider with a window of `window_seconds`."""
+    return {
+        "SLUICE_ADAPTERS": json.dumps(
+            {
+                "fake": {"kind": "fake", "latencyMs": 20},
+                "staged": {
+                    "kind": "openai-chat",
+                    "baseUrl": base_url,
+                    "capacity": {"concurrency": 4, "requestsPerMinute": 2400},
+                },
+            }
+        ),
+        "SLUICE_STAGED_PROVIDER": json.dumps(
+            {"adapter": "staged", "model": "staged-model", "windowSeconds": window_seconds}
+        ),
+    }
+
+
+def demo_provider_over_http(base_url: str) -> str:
+    """`SLUICE_ADAPTERS` with the demo profile's provider, `fake`, as an OpenAI-compatible HTTP
+    endpoint at `base_url` (a loopback server)."""
+    return json.dumps({"fake": {"kind": "openai-chat", "baseUrl": base_url}})

@@ -29,23 +29,10 @@ pytestmark = pytest.mark.celery
 RUNS = "/api/workspaces/demo/evaluations/"
 
 ACTIVATE_ONE_AT_A_TIME = """
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+from config.demo import demo_profile, demo_version_activate
 document = demo_profile("demo-one-call")
 document["providers"]["fake"].update(concurrency=1, maxQueueWaitMs=60000)
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
-)
-services.profile_version_approve(
-    version=version,
-    approver=approver,
-    checklist={key: True for key, _ in services.RUNBOOK_CHECKLIST},
-)
-print(services.profile_version_activate(version=version, actor=approver).kind)
+print(demo_version_activate(document).kind)
 """
 
 

@@ -6,7 +6,6 @@ takes effect at the next run boundary."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import Deployment, admission_redis_env
+from .conftest import Deployment, admission_redis_env, demo_provider_over_http
 
 pytestmark = pytest.mark.celery
 
@@ -24,28 +23,17 @@ BASE = "/api/workspaces/demo"
 RUNS, DECISIONS = 40, 5
 
 VERSIONS = """
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-workspace = Workspace.objects.get(key="demo")
+from config.demo import demo_profile, demo_version_approve, demo_version_activate
 
-def version(label, provider_concurrency):
+def document(label, provider_concurrency):
     document = demo_profile(label, concurrency=8)
     document["providers"]["fake"]["concurrency"] = provider_concurrency
     for limits in document["principals"].values():
         limits["concurrency"] = 8
-    made = services.profile_version_propose(
-        workspace=workspace, document=document, proposed_by=proposer
-    )
-    checklist = {key: True for key, _ in services.RUNBOOK_CHECKLIST}
-    services.profile_version_approve(version=made, approver=approver, checklist=checklist)
-    return made
+    return document
 
-services.profile_version_activate(version=version("demo-active", 4), actor=approver)
-version("demo-canary", 2)
+demo_version_activate(document("demo-active", 4))
+demo_version_approve(document("demo-canary", 2))
 print("ok")
 """
 
@@ -75,9 +63,7 @@ def _document(tag: str) -> dict[str, Any]:
 def test_a_canary_never_takes_the_provider_above_the_active_ceiling(deployment: Deployment):
     with LoopbackServer() as provider:
         provider.default = Reply(delay=0.15)
-        deployment.env["SLUICE_ADAPTERS"] = json.dumps(
-            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-        )
+        deployment.env["SLUICE_ADAPTERS"] = demo_provider_over_http(provider.base_url)
         deployment.env.update(admission_redis_env(deployment))
         assert deployment.django(VERSIONS).strip().endswith("ok")
         deployment.start_web()

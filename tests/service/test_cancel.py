@@ -5,7 +5,6 @@ lets them go. The cancel reaches the worker through the database
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
-from tests.service.conftest import Deployment
+from tests.service.conftest import Deployment, demo_provider_over_http
 
 pytestmark = pytest.mark.celery
 
@@ -25,9 +24,7 @@ HOLD_SECONDS = 300.0
 
 def _provider_env(server: LoopbackServer) -> dict[str, str]:
     # The demo profile's provider is `fake`: here it is an OpenAI-compatible HTTP endpoint.
-    return {
-        "SLUICE_ADAPTERS": json.dumps({"fake": {"kind": "openai-chat", "baseUrl": server.base_url}})
-    }
+    return {"SLUICE_ADAPTERS": demo_provider_over_http(server.base_url)}
 
 
 def _request(decisions: int) -> dict[str, Any]:
@@ -132,22 +129,10 @@ def test_a_run_cancelled_while_queued_never_starts(deployment):
 
 
 ONE_AT_A_TIME = """
-import copy
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import DEMO_PROFILE
-document = copy.deepcopy(DEMO_PROFILE)
-document["profileVersion"] = "demo-one-at-a-time"
+from config.demo import demo_profile, demo_version_activate
+document = demo_profile("demo-one-at-a-time")
 document["providers"]["fake"]["concurrency"] = 1
-users = get_user_model().objects
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document,
-    proposed_by=users.get(username="demo-proposer"))
-checklist = {key: True for key, _ in services.RUNBOOK_CHECKLIST}
-approver = users.get(username="demo-approver")
-services.profile_version_approve(version=version, approver=approver, checklist=checklist)
-services.profile_version_activate(version=version, actor=approver)
+demo_version_activate(document)
 """
 
 

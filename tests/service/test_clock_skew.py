@@ -14,7 +14,6 @@ tell) still has its runs taken back within the stale window.
 from __future__ import annotations
 
 import glob
-import json
 import signal
 import time
 from datetime import UTC, datetime
@@ -24,7 +23,12 @@ import pytest
 
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
-from tests.service.conftest import Deployment, admission_redis_env, wait_for
+from tests.service.conftest import (
+    Deployment,
+    admission_redis_env,
+    demo_provider_over_http,
+    wait_for,
+)
 
 pytestmark = pytest.mark.celery
 
@@ -33,23 +37,10 @@ STALE_SECONDS = 3.0
 POLL_SECONDS = 0.5
 
 ACTIVATE = f"""
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+from config.demo import demo_profile, demo_version_activate
 document = demo_profile("demo-skew")
 document["providers"]["fake"].update(concurrency={CONCURRENCY}, maxQueueWaitMs=120000)
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
-)
-services.profile_version_approve(
-    version=version,
-    approver=approver,
-    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}},
-)
-print(services.profile_version_activate(version=version, actor=approver).kind)
+print(demo_version_activate(document).kind)
 """
 
 
@@ -86,9 +77,7 @@ def test_workers_45_s_ahead_and_behind_are_judged_by_the_database_clock(deployme
     with LoopbackServer() as provider:
         provider.default = Reply(content="yes", delay=0.3)
         env = {
-            "SLUICE_ADAPTERS": json.dumps(
-                {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-            ),
+            "SLUICE_ADAPTERS": demo_provider_over_http(provider.base_url),
             "SLUICE_RUN_HEARTBEAT_SECONDS": "1",
             "SLUICE_RUN_STALE_SECONDS": str(STALE_SECONDS),
             "SLUICE_DISPATCH_POLL_SECONDS": str(POLL_SECONDS),

@@ -19,7 +19,6 @@ so "no call sent twice" is counted where the calls arrive.
 from __future__ import annotations
 
 import collections
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,7 +33,13 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivatePostgres
-from tests.service.conftest import TERMINAL, Deployment, full_mode_urls, wait_for
+from tests.service.conftest import (
+    TERMINAL,
+    Deployment,
+    demo_provider_over_http,
+    full_mode_urls,
+    wait_for,
+)
 
 pytestmark = pytest.mark.celery
 
@@ -63,9 +68,7 @@ class Outage:
         url = f"{self.postgres.url}?connect_timeout={WORKER_CONNECT_TIMEOUT}"
         self.deployment = Deployment(root, "full", database_url=url)
         self.deployment.env.update(
-            SLUICE_ADAPTERS=json.dumps(
-                {"fake": {"kind": "openai-chat", "baseUrl": self.provider.base_url}}
-            ),
+            SLUICE_ADAPTERS=demo_provider_over_http(self.provider.base_url),
             SLUICE_RUN_HEARTBEAT_SECONDS="0.5",
             SLUICE_DISPATCH_POLL_SECONDS="0.5",
             SLUICE_RUN_STALE_SECONDS=str(STALE_SECONDS),

@@ -8,14 +8,12 @@ request every 3 s), and both worker instances run several evaluations at once.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import admission_redis_env
+from .conftest import admission_redis_env, demo_provider_over_http
 
 pytestmark = pytest.mark.celery
 
@@ -23,25 +21,12 @@ RPM = 20
 CONCURRENCY = 2
 
 ACTIVATE_LIMITS = f"""
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+from config.demo import demo_profile, demo_version_activate
 document = demo_profile("demo-shared-limits")
 document["providers"]["fake"].update(
     concurrency={CONCURRENCY}, requestsPerMinute={RPM}, maxQueueWaitMs=60000
 )
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
-)
-services.profile_version_approve(
-    version=version,
-    approver=approver,
-    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}},
-)
-print(services.profile_version_activate(version=version, actor=approver).kind)
+print(demo_version_activate(document).kind)
 """
 
 
@@ -51,11 +36,7 @@ def test_two_worker_instances_share_one_concurrency_and_one_rate(deployment):
     with LoopbackServer() as provider:
         provider.default = Reply(content="yes", delay=0.3)
         # The adapter keeps the profile's provider name; its calls go to the loopback server.
-        env = {
-            "SLUICE_ADAPTERS": json.dumps(
-                {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-            )
-        }
+        env = {"SLUICE_ADAPTERS": demo_provider_over_http(provider.base_url)}
         env.update(admission_redis_env(deployment))
         deployment.django(ACTIVATE_LIMITS)
         deployment.start_web(env)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import signal
 import threading
 import time
@@ -21,40 +20,25 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import Deployment, admission_redis_env, wait_for
+from .conftest import Deployment, admission_redis_env, demo_provider_over_http, wait_for
 
 pytestmark = pytest.mark.celery
 
 RUNS = "/api/workspaces/demo/evaluations/"
 
 ACTIVATE = """
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+from config.demo import demo_profile, demo_version_activate
 document = demo_profile("demo-durable", concurrency={workspace})
 document["providers"]["fake"].update(concurrency={provider}, maxQueueWaitMs=60000)
 for principal in document["principals"].values():
     principal.update(concurrency={workspace}, maxQueueWaitMs=60000)
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
-)
-services.profile_version_approve(
-    version=version,
-    approver=approver,
-    checklist={{key: True for key, _ in services.RUNBOOK_CHECKLIST}},
-)
-print(services.profile_version_activate(version=version, actor=approver).kind)
+print(demo_version_activate(document).kind)
 """
 
 
 def _provider_env(server: LoopbackServer) -> dict[str, str]:
     # The demo profile's provider is `fake`: here it is an OpenAI-compatible HTTP endpoint.
-    return {
-        "SLUICE_ADAPTERS": json.dumps({"fake": {"kind": "openai-chat", "baseUrl": server.base_url}})
-    }
+    return {"SLUICE_ADAPTERS": demo_provider_over_http(server.base_url)}
 
 
 def _parallel(decisions: int, ceiling: int, tag: str) -> dict[str, Any]:

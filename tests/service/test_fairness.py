@@ -4,7 +4,6 @@ back another workspace's evaluation beyond its fair share."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import threading
 import time
 from typing import Any
@@ -14,7 +13,7 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import Deployment, wait_for
+from .conftest import Deployment, demo_provider_over_http, wait_for
 
 pytestmark = pytest.mark.celery
 
@@ -75,24 +74,12 @@ def test_a_quiet_tenant_is_not_held_back_by_another_tenants_burst(deployment: De
 
 
 NARROW_DEMO = """
-import copy
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import DEMO_PROFILE
-document = copy.deepcopy(DEMO_PROFILE)
-document["profileVersion"] = "demo-one-at-a-time"
+from config.demo import demo_profile, demo_version_activate
+document = demo_profile("demo-one-at-a-time")
 for part in [document["workspace"], *document["providers"].values(),
              *document["principals"].values()]:
     part.update(concurrency=1)
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer)
-services.profile_version_approve(
-    version=version, approver=approver,
-    checklist={key: True for key, _ in services.RUNBOOK_CHECKLIST})
-services.profile_version_activate(version=version, actor=approver)
+demo_version_activate(document)
 """
 
 
@@ -101,7 +88,7 @@ def test_runs_waiting_for_admission_hold_no_worker_slot(deployment: Deployment) 
         released = threading.Event()
         # The first call is held at the provider: its run keeps the demo workspace's one permit.
         provider.replies.append(Reply(hold=released))
-        adapters = json.dumps({"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}})
+        adapters = demo_provider_over_http(provider.base_url)
         deployment.env["SLUICE_ADAPTERS"] = adapters
         deployment.django(QUIET_WORKSPACE)
         deployment.django(NARROW_DEMO)

@@ -5,8 +5,6 @@ series carries an id."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 from playwright.sync_api import expect, sync_playwright
@@ -15,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import wait_for
+from .conftest import demo_provider_over_http, wait_for
 
 pytestmark = [pytest.mark.celery, pytest.mark.browser]
 
@@ -104,19 +102,9 @@ def test_embedded_admission_is_live_in_metrics_and_on_the_page(deployment, chrom
 
 
 CANARY = """
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+from config.demo import demo_profile, demo_version_approve
 # The canary admits one call at a time in the whole workspace; the active version four.
-document = demo_profile("demo-canary", concurrency=1)
-made = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
-)
-checklist = {key: True for key, _ in services.RUNBOOK_CHECKLIST}
-services.profile_version_approve(version=made, approver=approver, checklist=checklist)
+demo_version_approve(demo_profile("demo-canary", concurrency=1))
 print("ok")
 """
 
@@ -130,9 +118,7 @@ def test_a_canarys_decisions_are_in_the_embedded_live_figures(deployment, chromi
     env = {"SLUICE_METRICS_TOKEN": TOKEN, "SLUICE_ADMISSION_SNAPSHOT_SECONDS": "0.5"}
     with LoopbackServer() as provider:
         provider.default = Reply(content="yes", total_tokens=12, delay=0.3)
-        env["SLUICE_ADAPTERS"] = json.dumps(
-            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-        )
+        env["SLUICE_ADAPTERS"] = demo_provider_over_http(provider.base_url)
         assert deployment.django(CANARY).strip().endswith("ok")
         deployment.start_web(env)
         started = deployment.api(

@@ -5,7 +5,6 @@ workspace's backlog of load runs does not hold up another's."""
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from datetime import datetime
@@ -17,7 +16,7 @@ import pytest
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedis
 
-from .conftest import Deployment, full_mode_urls, wait_for
+from .conftest import Deployment, full_mode_urls, staged_provider_env, wait_for
 
 pytestmark = pytest.mark.celery
 
@@ -84,19 +83,7 @@ def test_a_sigkilled_workers_load_runs_restart_or_end_interrupted(deployment: De
     with LoopbackServer() as server:
         server.default = Reply(content="answered")
         staged_env = {
-            "SLUICE_ADAPTERS": json.dumps(
-                {
-                    "fake": {"kind": "fake", "latencyMs": 20},
-                    "staged": {
-                        "kind": "openai-chat",
-                        "baseUrl": server.base_url,
-                        "capacity": {"concurrency": 4, "requestsPerMinute": 2400},
-                    },
-                }
-            ),
-            "SLUICE_STAGED_PROVIDER": json.dumps(
-                {"adapter": "staged", "model": "staged-model", "windowSeconds": 2}
-            ),
+            **staged_provider_env(server.base_url, window_seconds=2),
             "SLUICE_WORKSPACE_LOAD_RUNS_IN_FLIGHT": "2",
             "SLUICE_CANCEL_CHECK_SECONDS": "0.2",
         }

@@ -8,7 +8,6 @@ ends with every run terminal within the documented bound (60 s) after the fault.
 from __future__ import annotations
 
 import collections
-import json
 import signal
 import threading
 import time
@@ -23,7 +22,14 @@ from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivatePostgres, PrivateRedis
 
-from .conftest import TERMINAL, Deployment, admission_redis_env, full_mode_urls, wait_for
+from .conftest import (
+    TERMINAL,
+    Deployment,
+    admission_redis_env,
+    demo_provider_over_http,
+    full_mode_urls,
+    wait_for,
+)
 
 pytestmark = pytest.mark.celery
 
@@ -38,9 +44,7 @@ def provider():
 
 
 def _use(deployment: Deployment, provider: LoopbackServer) -> None:
-    deployment.env["SLUICE_ADAPTERS"] = json.dumps(
-        {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-    )
+    deployment.env["SLUICE_ADAPTERS"] = demo_provider_over_http(provider.base_url)
 
 
 def _document(tag: str, decisions: int) -> dict[str, Any]:

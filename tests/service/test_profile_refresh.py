@@ -17,24 +17,10 @@ from .conftest import wait_for
 pytestmark = pytest.mark.celery
 
 ACTIVATE_V2 = """
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-workspace = Workspace.objects.get(key="demo")
+from config.demo import demo_profile, demo_version_activate
 document = demo_profile("demo-v2")
 document["providers"]["fake"]["requestsPerMinute"] = 0
-version = services.profile_version_propose(
-    workspace=workspace, document=document, proposed_by=proposer
-)
-services.profile_version_approve(
-    version=version,
-    approver=approver,
-    checklist={key: True for key, _ in services.RUNBOOK_CHECKLIST},
-)
-print(services.profile_version_activate(version=version, actor=approver).kind)
+print(demo_version_activate(document).kind)
 """
 
 ROLL_BACK_TO_V1 = """

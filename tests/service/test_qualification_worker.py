@@ -3,11 +3,11 @@ task on a real broker, a real worker process that keeps the record on the row.""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from tests.evaluator.loopback import LoopbackServer, Reply
+
+from .conftest import staged_provider_env
 
 pytestmark = pytest.mark.celery
 
@@ -26,21 +26,7 @@ print(run.pk)
 def test_what_if_and_staged_runs_complete_on_a_real_worker(deployment):
     with LoopbackServer() as server:
         server.default = Reply(content="answered")
-        env = {
-            "SLUICE_ADAPTERS": json.dumps(
-                {
-                    "fake": {"kind": "fake", "latencyMs": 20},
-                    "staged": {
-                        "kind": "openai-chat",
-                        "baseUrl": server.base_url,
-                        "capacity": {"concurrency": 4, "requestsPerMinute": 2400},
-                    },
-                }
-            ),
-            "SLUICE_STAGED_PROVIDER": json.dumps(
-                {"adapter": "staged", "model": "staged-model", "windowSeconds": 1}
-            ),
-        }
+        env = staged_provider_env(server.base_url, window_seconds=1)
         deployment.start_web(env)
         deployment.start_worker(env)
 

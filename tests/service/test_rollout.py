@@ -16,24 +16,11 @@ BASE = "/api/workspaces/demo"
 
 # demo-v2: the fake provider takes one request a minute and queues nothing.
 PROPOSE_TIGHT = """
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
+from config.demo import demo_profile, demo_version_approve
 document = demo_profile("demo-v2")
 document["providers"]["fake"]["requestsPerMinute"] = 1
 document["providers"]["fake"]["maxQueueLength"] = 0
-version = services.profile_version_propose(
-    workspace=Workspace.objects.get(key="demo"), document=document, proposed_by=proposer
-)
-services.profile_version_approve(
-    version=version,
-    approver=approver,
-    checklist={key: True for key, _ in services.RUNBOOK_CHECKLIST},
-)
-print(version.profile_version)
+print(demo_version_approve(document).profile_version)
 """
 
 

@@ -20,7 +20,7 @@ import pytest
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
 
-from .conftest import Deployment, admission_redis_env
+from .conftest import Deployment, admission_redis_env, demo_provider_over_http
 
 pytestmark = pytest.mark.celery
 
@@ -30,30 +30,19 @@ ACTIVE_CEILING = 4
 SHADOW_RPM = 3
 
 VERSIONS = f"""
-from django.contrib.auth import get_user_model
-from admission.services import profiles as services
-from admission.models import Workspace
-from config.demo import demo_profile
-users = get_user_model().objects
-proposer, approver = users.get(username="demo-proposer"), users.get(username="demo-approver")
-workspace = Workspace.objects.get(key="demo")
+from config.demo import demo_profile, demo_version_approve, demo_version_activate
 
-def version(label, **provider):
+def document(label, **provider):
     document = demo_profile(label, concurrency=8)
     document["providers"]["fake"]["concurrency"] = {ACTIVE_CEILING}
     document["providers"]["fake"].update(provider)
     for limits in document["principals"].values():
         limits["concurrency"] = 8
-    made = services.profile_version_propose(
-        workspace=workspace, document=document, proposed_by=proposer
-    )
-    checklist = {{key: True for key, _ in services.RUNBOOK_CHECKLIST}}
-    services.profile_version_approve(version=made, approver=approver, checklist=checklist)
-    return made
+    return document
 
-services.profile_version_activate(version=version("demo-active"), actor=approver)
+demo_version_activate(document("demo-active"))
 # Tighter: a bucket of {SHADOW_RPM} requests a minute and no queue at the provider.
-version("demo-shadow", requestsPerMinute={SHADOW_RPM}, maxQueueLength=0)
+demo_version_approve(document("demo-shadow", requestsPerMinute={SHADOW_RPM}, maxQueueLength=0))
 print("ok")
 """
 
@@ -107,9 +96,7 @@ def _succeeded(phase: dict[str, Any]) -> None:
 def test_two_workers_share_one_shadow_and_reality_is_as_without_it(deployment: Deployment):
     with LoopbackServer() as provider:
         provider.default = Reply(delay=0.1)
-        deployment.env["SLUICE_ADAPTERS"] = json.dumps(
-            {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-        )
+        deployment.env["SLUICE_ADAPTERS"] = demo_provider_over_http(provider.base_url)
         deployment.env.update(admission_redis_env(deployment))
         assert deployment.django(VERSIONS).strip().endswith("ok")
         deployment.start_web()

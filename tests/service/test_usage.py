@@ -20,6 +20,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from console.forms.runs import example_request
 from tests.evaluator.loopback import LoopbackServer, Reply
+from tests.service.conftest import demo_provider_over_http
 
 pytestmark = [pytest.mark.celery, pytest.mark.browser]
 
@@ -52,11 +53,7 @@ def test_usage_aggregates_equal_the_reconciled_actuals(deployment, chromium_path
     with LoopbackServer() as provider:
         # Slow enough that the proposer's two runs overlap and wait for its permits.
         provider.default = Reply(content="yes", total_tokens=37, delay=0.4)
-        env = {
-            "SLUICE_ADAPTERS": json.dumps(
-                {"fake": {"kind": "openai-chat", "baseUrl": provider.base_url}}
-            )
-        }
+        env = {"SLUICE_ADAPTERS": demo_provider_over_http(provider.base_url)}
         deployment.start_web(env)
         deployment.start_worker(env)
         submitted = [

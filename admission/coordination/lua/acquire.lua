@@ -12,8 +12,11 @@ local done, epoch, ready = open_ws(false)
 if done then return done end
 local released = nil
 local nrel = tonumber(ARGV[21]) or 0
+local pid, prov = ARGV[11], ARGV[12]
+local fields = {'W', 'P:' .. pid, 'V:' .. prov, 'rsv'}
 if nrel > 0 then
-  released = release_many(22, nrel)
+  -- The leases' limits and scopes are read with this request's own.
+  released = release_many(22, nrel, fields, {key_p(pid), key_v(prov), key_x(prov, pid)})
   if needs_pump() then pump() end
 end
 -- Answers not counted by the caller (nothing was decided for the first time) carry nc.
@@ -59,7 +62,7 @@ if ((sw.tb ~= nil and sw.tb > NOW) or sw._raw == '')
     and redis.call('EXISTS', BASE .. 't:' .. w.id) == 1 then
   return answer({st = 'reject', reason = 'cancelled', nc = 1})
 end
-local rev = preload('W', 'P:' .. w.pid, 'V:' .. w.prov, 'rsv')
+local rev = preload(unpack(fields))
 if not rev then return answer({st = 'noprofile'}) end
 if rev ~= ARGV[9] then
   return answer({st = 'stale', rev = rev, seq = tonumber(redis.call('HGET', PROF, 'pseq'))})
@@ -87,7 +90,9 @@ if sw.q == 0 or redis.call('LLEN', qk) == 0 then
     local ev = admit(w, lp, lw, lv)
     ev.st = 'admit'
     if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
-    return answer(ev)
+    ev.ep = epoch
+    ev.rel = released
+    return reply_admit(ev)
   end
   if verdict == 'reject' then return refuse(reason) end
 end

@@ -69,6 +69,10 @@ local WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS, OFFERS, STATE
 -- the process lease TTL), or it goes back to the pool.
 local GRANT_TTL
 local LIM, SC, BUD, ALIVE, RESULT_TRANSITIONS
+-- The profile's revision as this call read it (nil: not read yet; false: no profile).
+local REV
+-- NOW as stored (formatted once per call).
+local NOW_TEXT
 
 -- A scope's state is one field of the workspace's state hash (P:{ws}:s), its value the fields
 -- below in this order, comma-separated, '' for a field at its default, trailing defaults left
@@ -85,6 +89,10 @@ end
 
 -- Whole numbers below 2^53 print exactly as integers; others keep 17 significant digits.
 local function num(v)
+  if v == NOW then
+    if NOW_TEXT == nil then NOW_TEXT = string.format('%.17g', NOW) end
+    return NOW_TEXT
+  end
   if v == floor(v) and v < 9007199254740992 and v > -9007199254740992 then
     return string.format('%d', v)
   end
@@ -92,6 +100,20 @@ local function num(v)
 end
 
 local function pack_scope(s)
+  -- The common shapes first: only the counts, or the counts and the request bucket.
+  if s.tl == nil and s.tt == nil and s.ht == nil and s.pz == nil and s.bs == nil
+      and s.bf == nil and s.bg == nil and s.bo == nil and s.bp == nil and s.pl == nil
+      and s.tb == nil and s.ox == nil and s.h == nil then
+    local a, q = s.a, s.q
+    if s.rl == nil and s.rt == nil then
+      if q == nil or q == 0 then
+        if a == nil or a == 0 then return '' end
+        return num(a)
+      end
+      if a == nil or a == 0 then return ',' .. num(q) end
+      return num(a) .. ',' .. num(q)
+    end
+  end
   local parts, last = {}, 0
   for i = 1, #FIELDS do
     local f = FIELDS[i]
@@ -179,6 +201,7 @@ local function use_ws(ws)
   PROCS = BASE .. 'procs'
   EPOCH_READY = nil
   LIM, SC, BUD = {}, {}, {}
+  REV = nil
   ALIVE = {}
 end
 
@@ -201,6 +224,7 @@ local function begin(args)
   WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil, nil
   OFFERS, STATE = nil, nil
   LIM, SC, BUD = nil, nil, nil
+  REV, NOW_TEXT = nil, nil
   ALIVE = {}
   RESULT_TRANSITIONS = {}
 end
@@ -330,10 +354,27 @@ local function parse_reserved(raw)
   return out
 end
 
+-- Parsed limits by their stored text. Parsing depends on the text alone and nothing changes a
+-- parsed table, so the parse of a text is kept between calls (a profile's fields rarely change);
+-- the cache is emptied when it holds too many texts.
+local PARSED, PARSED_RSV, PARSED_COUNT = {}, {}, 0
+local PARSED_MAX = 4096
+
 local function decode_limits(field, raw)
   if not raw then return false end
-  if field == 'rsv' then return parse_reserved(raw) end
-  return parse_limits(raw)
+  local cache = PARSED
+  if field == 'rsv' then cache = PARSED_RSV end
+  local v = cache[raw]
+  if v == nil then
+    if PARSED_COUNT >= PARSED_MAX then
+      PARSED, PARSED_RSV, PARSED_COUNT = {}, {}, 0
+      if field == 'rsv' then cache = PARSED_RSV else cache = PARSED end
+    end
+    if field == 'rsv' then v = parse_reserved(raw) else v = parse_limits(raw) end
+    cache[raw] = v
+    PARSED_COUNT = PARSED_COUNT + 1
+  end
+  return v
 end
 
 local function limits(field)
@@ -345,12 +386,24 @@ local function limits(field)
   return v
 end
 
--- The revision and the limits a decision needs, in one read. Returns the revision.
+-- The revision and the limits a decision needs, in one read of what this call has not read yet
+-- (none when it has read them all). Returns the revision.
 local function preload(...)
-  local fields = {'rev', ...}
-  local raw = redis.call('HMGET', PROF, unpack(fields))
-  for i = 2, #fields do LIM[fields[i]] = decode_limits(fields[i], raw[i]) end
-  return raw[1]
+  local fields = {...}
+  local missing = {}
+  if REV == nil then missing[1] = 'rev' end
+  for i = 1, #fields do
+    if LIM[fields[i]] == nil then missing[#missing + 1] = fields[i] end
+  end
+  if #missing == 0 then return REV end
+  local raw = redis.call('HMGET', PROF, unpack(missing))
+  local from = 1
+  if REV == nil then
+    REV = raw[1] or false
+    from = 2
+  end
+  for i = from, #missing do LIM[missing[i]] = decode_limits(missing[i], raw[i]) end
+  return REV
 end
 
 -- Scopes are named W, P:<principal>, V:<provider> and X:<provider, length-prefixed><principal>.
@@ -981,14 +1034,21 @@ end
 
 -- Give back `n` leases whose arguments start at ARGV[at], five each: lease id, success ('1',
 -- '0' or ''), retry-after ms, actual tokens, actual cost (each '' when absent). Returns one
--- entry per lease: {st = 'released' | 'gone', tr = transitions it caused}.
-local function release_many(at, n)
+-- entry per lease: {st = 'released' | 'gone', tr = transitions it caused}. `also_fields` and
+-- `also_scopes` (optional) name limits and scopes the caller needs next: they are read with the
+-- leases' own, in the same two reads.
+local function release_many(at, n, also_fields, also_scopes)
   local out = {}
   if n == 0 then return out end
   local ids = {}
   for i = 0, n - 1 do ids[#ids + 1] = ARGV[at + 5 * i] end
   local raws = redis.call('HMGET', LEASES, unpack(ids))
   local leases, fields, names, seen = {}, {}, {}, {}
+  for _, f in ipairs(also_fields or {}) do
+    seen[f] = true
+    fields[#fields + 1] = f
+  end
+  for _, name in ipairs(also_scopes or {}) do names[#names + 1] = name end
   for i = 1, n do
     local raw = raws[i]
     if raw then
@@ -1064,6 +1124,32 @@ end
 local function reply(t)
   flush()
   return cjson.encode(t)
+end
+
+-- A string as JSON, written directly when it needs no escaping (ids usually do not).
+local function json_text(s)
+  if string.find(s, '[%c"\\\128-\255]') then return cjson.encode(s) end
+  return '"' .. s .. '"'
+end
+
+-- The answer of a plain admission (`ev` from evidence, with st, ep and optionally rel): the same
+-- JSON as `reply` writes, put together directly in the common case (no pause, no breaker
+-- timing, no transition), which spares the encoder's general work.
+local function reply_admit(ev)
+  if ev.pz ~= nil or ev.op ~= nil or ev.tr ~= nil then return reply(ev) end
+  local rel = ''
+  if ev.rel ~= nil then
+    local items = {}
+    for i, entry in ipairs(ev.rel) do
+      if entry.tr ~= nil then return reply(ev) end
+      items[i] = '{"st":"' .. entry.st .. '"}'
+    end
+    rel = ',"rel":[' .. table.concat(items, ',') .. ']'
+  end
+  flush()
+  return '{"st":"admit","a":' .. string.format('%d', ev.a) .. ',"q":' .. string.format('%d', ev.q)
+    .. ',"rp":' .. string.format('%d', ev.rp) .. ',"bs":"' .. ev.bs .. '","ep":' .. json_text(ev.ep)
+    .. rel .. '}'
 end
 
 -- The common opening of a workspace script: the workspace, then its epoch.

@@ -176,7 +176,8 @@ class OpenAIChatAdapter:
         return headers
 
     @staticmethod
-    def _body(call: AdapterCall) -> dict[str, Any]:
+    def request_body(call: AdapterCall) -> dict[str, Any]:
+        """The chat-completions request body this adapter sends for `call`."""
         spec = call.output
         if spec.allowed_outputs is not None:
             instruction = "Answer with exactly one of: " + ", ".join(spec.allowed_outputs)
@@ -205,7 +206,7 @@ class OpenAIChatAdapter:
         url = self._base_url + _REQUEST_PATH
         try:
             response = await client.post(
-                url, json=self._body(call), headers=headers, timeout=timeout
+                url, json=self.request_body(call), headers=headers, timeout=timeout
             )
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as error:
             raise AdapterError.connect_error(detail=type(error).__name__) from None

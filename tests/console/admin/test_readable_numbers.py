@@ -18,7 +18,7 @@ from django.utils import timezone
 from admission.models import AdmissionSnapshot, ProfileVersion, RolloutEvent
 from admission.services import profiles as profile_services
 from admission.services import rollout
-from console.forms.runs import example_request
+from console.forms.runs import example_attempt, example_request
 from console.templatetags.readable import readable_number, usd
 from evaluator.harness.manifests import load_manifest
 from evaluator.harness.service import run_manifest
@@ -138,34 +138,28 @@ def pages(workspace, proposer, approver, approved, make_document, superuser, cli
     started = timezone.now() - dt.timedelta(seconds=3.14159265)
     attempt = {
         "decisionId": "check-1",
-        "targetIndex": 0,
-        "adapterId": "fake",
-        "model": "demo-model",
-        "number": 1,
-        "sent": True,
-        "outcome": "succeeded",
-        "reason": "answered",
-        "retryable": False,
-        "startedMs": 12.345678901,
-        "endedMs": 1034.56789012,
-        "tokens": 37,
-        "costUsd": TINY,
-        "deferredBy": ["concurrency"],
-        "retryAfterMs": 1500.123456789,
-        "permitHeld": {"reason": "cancelled", "untilMs": 2345.678901234},
-        "infrastructureRefusals": {"coordination-unavailable": 3},
-        "infrastructureWaitMs": 4200.56789012,
-        "evidence": {
-            "decision": "admit",
-            "reason": "admitted",
-            "queueDelayMs": LONG,
-            "active": 1,
-            "queued": 0,
-            "estimatedTokens": 40,
-            "estimatedCostUsd": 0.000123456789,
-            "retryPressure": 0,
-            "breakerState": "closed",
-        },
+        **example_attempt(
+            started_ms=12.345678901,
+            ended_ms=1034.56789012,
+            tokens=37,
+            cost_usd=TINY,
+            deferred_by=("concurrency",),
+            retry_after_ms=1500.123456789,
+            permit_held={"reason": "cancelled", "untilMs": 2345.678901234},
+            infrastructure_refusals={"coordination-unavailable": 3},
+            infrastructure_wait_ms=4200.56789012,
+            evidence={
+                "decision": "admit",
+                "reason": "admitted",
+                "queueDelayMs": LONG,
+                "active": 1,
+                "queued": 0,
+                "estimatedTokens": 40,
+                "estimatedCostUsd": 0.000123456789,
+                "retryPressure": 0,
+                "breakerState": "closed",
+            },
+        ),
     }
     for index, profile_version in enumerate(("acme-v1", "acme-v3")):
         run = EvaluationRun.objects.create(

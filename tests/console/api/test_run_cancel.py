@@ -5,7 +5,6 @@ is in tests/service/test_cancel.py)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,8 +13,6 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from admission.models import Workspace
-from admission.runtime import registry as runtime
-from config.demo import demo_setup
 from console.forms.runs import example_request
 from evaluator.models import EvaluationRun, Receipt, ReceiptSlot
 from evaluator.services import runs as services
@@ -23,17 +20,6 @@ from evaluator.services import runs as services
 pytestmark = pytest.mark.django_db
 
 RUNS = "/api/workspaces/demo/evaluations/"
-
-
-@pytest.fixture
-def demo(settings: Any) -> Iterator[Workspace]:
-    # The registry must not carry revisions of rows another test's rollback erased.
-    runtime.reset_registry()
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    settings.SLUICE_THROTTLE_RATES = {"anon": None, "user": None, "workspace": None, "submit": None}
-    demo_setup()
-    yield Workspace.objects.get(key="demo")
-    runtime.reset_registry()
 
 
 def _user(name: str, workspace: Workspace | None = None, role: str = "member") -> Any:

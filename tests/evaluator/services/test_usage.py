@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import importlib.util
 import io
 import json
+import os
 import random
+from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -350,4 +353,50 @@ def test_pruning_removes_whole_days_and_keeps_days_and_hours_in_step(acme, setti
     assert usage.usage_prune(now) == before
     assert not UsageHour.objects.filter(hour__lt=cutoff_day).exists()
     assert UsageHour.objects.filter(hour__lt=cutoff_day + dt.timedelta(hours=6)).exists()
+    assert_days_are_the_sums_of_their_hours()
+
+
+@pytest.fixture
+def usage_benchmark(monkeypatch):
+    """benchmarks/usage.py as a module. Its set-up only adds environment defaults to a Django
+    already set up; they are taken back."""
+    benchmarks = Path(__file__).resolve().parents[3] / "benchmarks"
+    monkeypatch.syspath_prepend(str(benchmarks))
+    before = set(os.environ)
+    spec = importlib.util.spec_from_file_location("usage_benchmark", benchmarks / "usage.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        for name in set(os.environ) - before:
+            del os.environ[name]
+    return module
+
+
+def figures(row):
+    return {
+        name: getattr(row, name) for name in (*SUMMED, "deferred_by_reason", "refused_by_reason")
+    } | {
+        name: pytest.approx(getattr(row, name), rel=1e-12)
+        for name in ("cost_usd", "queue_delay_ms_sum", "queue_delay_ms_max")
+    }
+
+
+def test_the_usage_benchmark_seeds_days_that_are_the_roll_up_of_its_hours(usage_benchmark):
+    workspace, hours = usage_benchmark.seed(days=2, principals=2, providers=2)
+    assert hours == UsageHour.objects.count() == 2 * 24 * 2 * 2
+    stored = {
+        (d.day, d.provider_id, d.principal_id): d
+        for d in UsageDay.objects.filter(workspace=workspace)
+    }
+    rolled = {
+        (d.day, d.provider_id, d.principal_id): d
+        for d in usage.usage_roll_up(UsageHour.objects.filter(workspace=workspace))
+    }
+    # 48 hours ending with the current one reach into three UTC days, or two at 23h.
+    assert len({day for day, _, _ in rolled}) in (2, 3)
+    assert set(stored) == set(rolled)
+    for key, day in rolled.items():
+        assert figures(stored[key]) == figures(day), key
     assert_days_are_the_sums_of_their_hours()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,22 +15,11 @@ from django.db import connections
 from django.utils import timezone
 
 from admission.models import Workspace
-from admission.runtime import registry as runtime
-from config.demo import demo_setup
 from console.forms.runs import example_request
 from evaluator.models import EvaluationRun
 from evaluator.worker import cancel_watch
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def demo(settings: Any) -> Iterator[Workspace]:
-    runtime.reset_registry()
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    demo_setup()
-    yield Workspace.objects.get(key="demo")
-    runtime.reset_registry()
 
 
 def _run(workspace: Workspace, invocation: str, **values: Any) -> EvaluationRun:
