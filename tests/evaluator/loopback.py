@@ -86,12 +86,25 @@ class LoopbackServer:
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                     reply = server.replies.popleft() if server.replies else server.default
                 server.received.release()
+                answered = False
+
+                def answer() -> None:
+                    with server._lock:
+                        server.in_flight -= 1
+                        entry["ended"] = time.monotonic()
+
                 try:
                     if reply.hold is not None:
                         reply.hold.wait(reply.hold_seconds)
                     if reply.delay:
                         time.sleep(reply.delay)
                     payload = reply.payload()
+                    # The call ends here, before a byte of the answer is written: the client
+                    # cannot have the answer (and start its next call) before this point, so
+                    # counting the call until after the write would, in a thread starved of
+                    # CPU, overlap it with a next call that really came after it.
+                    answered = True
+                    answer()
                     self.send_response(reply.status)
                     self.send_header("content-type", "application/json")
                     self.send_header("content-length", str(len(payload)))
@@ -100,9 +113,8 @@ class LoopbackServer:
                     self.end_headers()
                     self.wfile.write(payload)
                 finally:
-                    with server._lock:
-                        server.in_flight -= 1
-                        entry["ended"] = time.monotonic()
+                    if not answered:
+                        answer()
 
         class Server(ThreadingHTTPServer):
             # A provider's listen backlog: socketserver's default of 5 drops connections when a
