@@ -197,18 +197,30 @@ def _cluster_ports(count: int) -> list[int]:
 
 
 class PrivateRedisCluster:
-    """A throwaway Redis Cluster on loopback: `primaries` primaries, each with one replica, no
-    persistence. A test may stop a primary (`kill`) and promote its replica (`promote`)."""
+    """A throwaway Redis Cluster on loopback: `primaries` primaries, each with `replicas`
+    replicas (one or none), no persistence. A test may stop a primary (`kill`) and promote its
+    replica (`promote`) or wait for the cluster to (`wait_promoted`), add an empty primary
+    (`add_node`) and move a hash slot from one primary to another (`begin_migration`,
+    `migrate_keys`, `end_migration`). `full_coverage` is `cluster-require-full-coverage`."""
 
-    def __init__(self, primaries: int = 3, *, node_timeout_ms: int = 2000) -> None:
+    def __init__(
+        self,
+        primaries: int = 3,
+        *,
+        node_timeout_ms: int = 2000,
+        replicas: int = 1,
+        full_coverage: bool = True,
+    ) -> None:
         if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
             pytest.skip("no redis-server / redis-cli on this machine")
         self.dir = Path(tempfile.mkdtemp(prefix="sluice-redis-cluster-"))
-        self.ports = _cluster_ports(2 * primaries)
+        self.ports = _cluster_ports((1 + replicas) * primaries)
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self.node_timeout_ms = node_timeout_ms
+        self.full_coverage = full_coverage
         try:
             for port in self.ports:
-                self._start(port, node_timeout_ms)
+                self._start(port)
             nodes = [f"127.0.0.1:{port}" for port in self.ports]
             subprocess.run(
                 [
@@ -217,7 +229,7 @@ class PrivateRedisCluster:
                     "create",
                     *nodes,
                     "--cluster-replicas",
-                    "1",
+                    str(replicas),
                     "--cluster-yes",
                 ],
                 check=True,
@@ -237,10 +249,11 @@ class PrivateRedisCluster:
     def url(self) -> str:
         return f"redis+cluster://127.0.0.1:{self.ports[0]}"
 
-    def _start(self, port: int, node_timeout_ms: int) -> None:
+    def _start(self, port: int) -> None:
         argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1"]
         argv += ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"]
-        argv += ["--cluster-node-timeout", str(node_timeout_ms)]
+        argv += ["--cluster-node-timeout", str(self.node_timeout_ms)]
+        argv += ["--cluster-require-full-coverage", "yes" if self.full_coverage else "no"]
         argv += ["--save", "", "--appendonly", "no", "--dir", str(self.dir)]
         log = str(self.dir / f"redis-{port}.log")
         argv += ["--logfile", log]
@@ -320,6 +333,71 @@ class PrivateRedisCluster:
         wait_until(lambda: self._role(replica) == "master", 30, "the promotion")
         for port in self.live_ports():
             wait_until(lambda port=port: self._ok(port), 60, "the cluster to be ok again")
+
+    def wait_promoted(self, replica: int, timeout: float = 60) -> None:
+        """Wait for the cluster itself to promote a replica whose primary failed (after
+        `cluster-node-timeout`), and for every live node to be ok again."""
+        wait_until(lambda: self._role(replica) == "master", timeout, "the automatic failover")
+        for port in self.live_ports():
+            wait_until(lambda port=port: self._ok(port), timeout, "the cluster to be ok again")
+
+    def state(self, port: int) -> str:
+        """`ok` or `fail`: the cluster's state as one node sees it."""
+        for line in self.cli(port, "cluster", "info").splitlines():
+            if line.startswith("cluster_state:"):
+                return line.split(":", 1)[1].strip()
+        return ""
+
+    def node_id(self, port: int) -> str:
+        return self.cli(port, "cluster", "myid").strip()
+
+    def add_node(self) -> int:
+        """Start an empty node and make it a primary of the cluster (no slots yet): what a
+        new shard looks like before slots are moved to it. Returns its port."""
+        (port,) = _cluster_ports(1)
+        self.ports.append(port)
+        self._start(port)
+        self.cli(self.live_ports()[0], "cluster", "meet", "127.0.0.1", str(port))
+        ids = {other: self.node_id(other) for other in self.live_ports()}
+        for other in ids:
+            wait_until(
+                lambda other=other: all(
+                    i in self.cli(other, "cluster", "nodes") for i in ids.values()
+                ),
+                60,
+                "every node to know every other",
+            )
+        wait_until(lambda: self._ok(port), 60, "the new node to see the cluster ok")
+        return port
+
+    def begin_migration(self, slot: int, source: int, target: int) -> None:
+        """Mark a slot as leaving `source` for `target` (CLUSTER SETSLOT MIGRATING/IMPORTING):
+        from now on a key of the slot missing on the source is asked of the target (ASK)."""
+        self._checked(target, "cluster", "setslot", str(slot), "importing", self.node_id(source))
+        self._checked(source, "cluster", "setslot", str(slot), "migrating", self.node_id(target))
+
+    def migrate_keys(self, slot: int, source: int, target: int, count: int) -> int:
+        """Move up to `count` keys of the slot from `source` to `target` (MIGRATE); returns
+        how many moved."""
+        keys = self.cli(source, "cluster", "getkeysinslot", str(slot), str(count)).split()
+        if keys:
+            self._checked(
+                source, "migrate", "127.0.0.1", str(target), "", "0", "5000", "keys", *keys
+            )
+        return len(keys)
+
+    def end_migration(self, slot: int, target: int) -> None:
+        """Give the slot to `target` on every primary (CLUSTER SETSLOT NODE), target first."""
+        target_id = self.node_id(target)
+        ordered = [target, *(p for p in self.primaries() if p != target)]
+        for port in ordered:
+            self._checked(port, "cluster", "setslot", str(slot), "node", target_id)
+
+    def _checked(self, port: int, *argv: str) -> str:
+        reply = self.cli(port, *argv)
+        if reply.startswith(("ERR", "NOKEY")) or "ERR" in reply.split("\n", 1)[0]:
+            raise AssertionError(f"{' '.join(argv)} on {port}: {reply}")
+        return reply
 
     def destroy(self) -> None:
         for process in self.processes.values():

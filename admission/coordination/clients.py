@@ -6,6 +6,13 @@ of the cluster; the client learns the others from it. On a cluster every functio
 key of the hash slot it acts in (`route_key`), so it runs on that slot's primary; the slots of a
 workspace's keys follow its hash tag (`{workspace}`), so the deployment's admission state is
 sharded by workspace.
+
+On a cluster, a call that acts in a workspace's slot also names that slot's `fence_key`, a key
+nobody ever writes. Redis counts missing keys only in a slot that is moving between primaries,
+and then a call naming a missing key is never run: the old primary answers ASK, the new one
+TRYAGAIN. So no function runs while a slot's keys may be split between two nodes (it would read
+the part that has moved as empty, or fail half-way through its writes); the call is refused as
+`coordination-unavailable` until the slot has settled on its new primary.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ __all__ = [
     "AsyncClient",
     "SyncClient",
     "async_client",
+    "call_keys",
+    "fence_key",
     "is_cluster",
     "registry_key",
     "route_key",
@@ -68,6 +77,26 @@ def sync_client(url: str, **options: Any) -> SyncClient:
 def route_key(prefix: str, workspace_id: str) -> str:
     """A key in the hash slot of a workspace's state (what a call names for routing)."""
     return f"{prefix}:{{{workspace_id}}}:epoch"
+
+
+def fence_key(key: str) -> str | None:
+    """The never-written key of a key's hash slot (see the module's doc), or None for a key
+    without a hash tag."""
+    opening = key.find("{")
+    closing = key.find("}", opening + 1)
+    if opening < 0 or closing <= opening + 1:
+        return None
+    return f"{key[: closing + 1]}:fence"
+
+
+def call_keys(key: str, *others: str) -> tuple[str, ...]:
+    """The keys a function call names: `key` (routing), and the fence of its slot, taken from
+    `key` or from the first of `others` (keys of the same slot) that has a hash tag."""
+    for candidate in (key, *others):
+        fence = fence_key(candidate)
+        if fence is not None:
+            return (key, fence)
+    return (key,)
 
 
 def registry_key(prefix: str) -> str:

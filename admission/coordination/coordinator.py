@@ -30,6 +30,7 @@ from admission.coordination.clients import (
     AsyncClient,
     SyncClient,
     async_client,
+    call_keys,
     is_cluster,
     registry_key,
     route_key,
@@ -69,6 +70,46 @@ POOL_CONNECTIONS = 32
 
 StaleHandler = Callable[[str], Awaitable[None]]
 R = TypeVar("R")
+
+
+# What a cluster answers while a slot moves or has no primary: an outage, not a bug.
+_MOVING = (
+    redis.exceptions.TryAgainError,
+    redis.exceptions.AskError,
+    redis.exceptions.ClusterDownError,
+)
+_MOVING_TEXT = ("non local key", "cluster is down", "tryagain")
+
+
+def _is_moving(error: redis.ResponseError) -> bool:
+    text = str(error).lower()
+    return isinstance(error, _MOVING) or any(part in text for part in _MOVING_TEXT)
+
+
+def _unavailable(name: str, error: redis.ResponseError) -> CoordinationUnavailable:
+    """A function call's error as the refusal it is. A slot that moves between primaries or has
+    none is an outage like any other; a function that fails otherwise is a bug: said loudly."""
+    if _is_moving(error):
+        logger.debug("admission function %s: slot unavailable: %s", name, error)
+        return CoordinationUnavailable(f"{type(error).__name__}: {error}")
+    logger.error("admission function %s failed: %s", name, error)
+    return CoordinationUnavailable(f"function {name} failed: {error}")
+
+
+def _unmet_node(error: AttributeError) -> redis.RedisError:
+    """redis-py's cluster clients fail this way when a slot that moves sends them (ASK) to a
+    primary they have not met yet (one just added to the cluster): the slot is moving, an
+    outage like the others (the call would only be answered TRYAGAIN there)."""
+    return redis.exceptions.ClusterError(f"redirected to a node not known yet: {error}")
+
+
+def _slot_keys(prefix: str, call: Call[Any]) -> tuple[str, ...]:
+    """Keys of the slot a heartbeat acts in, to take its fence from (its routing key may be the
+    registry's, which has no hash tag)."""
+    if isinstance(call, Heartbeat):
+        named = [*call.epochs, *call.counts, *call.audit]
+        return tuple(route_key(prefix, ws) for ws in named[:1])
+    return ()
 
 
 def count_key(field: str) -> str:
@@ -382,9 +423,7 @@ class RedisCoordinator:
                 name, self._route_key(workspace_id), workspace_id, epoch, call.pack(), call
             )
         except redis.ResponseError as error:
-            # A function that fails is a bug, not an outage: say so loudly, and fail closed.
-            logger.error("admission function %s failed: %s", name, error)
-            raise CoordinationUnavailable(f"function {name} failed: {error}") from error
+            raise _unavailable(name, error) from error
         except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         finally:
@@ -406,10 +445,13 @@ class RedisCoordinator:
         epoch: str,
         arguments: list[Any],
         call: Call[Any] | None = None,
+        fence_from: tuple[str, ...] = (),
     ) -> Any:
         """One function call naming `key` (the hash slot it acts in, for a cluster's routing),
         with the header of `workspace_id` at `epoch`, then `arguments`; `call`, when given,
-        says what to send again if the first copy may have run."""
+        says what to send again if the first copy may have run. On a cluster the call names
+        the slot's fence too (`call_keys`; `fence_from` are keys of the same slot to take it
+        from when `key` has no hash tag)."""
         wire = self._wire
         reconnected = loaded = False
         while True:
@@ -419,13 +461,18 @@ class RedisCoordinator:
                 client = self._client
                 assert client is not None
                 async with self._slots:
+                    keys = call_keys(key, *fence_from) if self._cluster else (key,)
                     return await client.fcall(
                         function_name(name),
-                        1,
-                        key,
+                        len(keys),
+                        *keys,
                         *self._header(workspace_id, epoch),
                         *arguments,
                     )
+            except AttributeError as error:
+                if not self._cluster:
+                    raise
+                raise _unmet_node(error) from error
             except (redis.ConnectionError, ConnectionError):
                 if reconnected:
                     raise
@@ -472,14 +519,21 @@ class RedisCoordinator:
         client = self._sync()
         name = function_name(call.entry)
         args = call.pack()
+        keys: tuple[str, ...] = (key,)
+        if self._cluster:
+            keys = call_keys(key, *_slot_keys(self.settings.prefix, call))
         try:
             try:
-                raw = client.fcall(name, 1, key, *header, *args)
+                raw = client.fcall(name, len(keys), *keys, *header, *args)
+            except AttributeError as error:
+                if not self._cluster:
+                    raise
+                raise _unmet_node(error) from error
             except redis.ResponseError as error:
                 if not is_missing_function(error):
                     raise
                 client.function_load(library_code(), replace=True)
-                raw = client.fcall(name, 1, key, *header, *args)
+                raw = client.fcall(name, len(keys), *keys, *header, *args)
         except (redis.RedisError, OSError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         return call.parse(json.loads(raw))
@@ -640,10 +694,16 @@ class RedisCoordinator:
         self._bind()
         self.round_trips["heartbeat"] += 1
         try:
-            raw = await self._fcall("heartbeat", beat.key, "", "", beat.pack())
+            raw = await self._fcall(
+                "heartbeat",
+                beat.key,
+                "",
+                "",
+                beat.pack(),
+                fence_from=_slot_keys(self.settings.prefix, beat),
+            )
         except redis.ResponseError as error:
-            logger.error("admission function heartbeat failed: %s", error)
-            raise CoordinationUnavailable(f"function heartbeat failed: {error}") from error
+            raise _unavailable("heartbeat", error) from error
         except (TimeoutError, redis.RedisError, OSError, EOFError) as error:
             raise CoordinationUnavailable(f"{type(error).__name__}: {error}") from error
         self.last_renewal = time.monotonic()

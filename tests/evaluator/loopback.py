@@ -48,7 +48,10 @@ class Reply:
 
 
 class LoopbackServer:
-    """Counts requests, tracks in-flight requests and their high-water mark."""
+    """Counts requests, tracks in-flight requests and their high-water mark.
+
+    A request is in flight from its arrival until its reply is written, as at a provider: a
+    client that gives up on it (closes the connection) does not end it sooner."""
 
     def __init__(self) -> None:
         self.replies: deque[Reply] = deque()
@@ -85,6 +88,7 @@ class LoopbackServer:
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
                     reply = server.replies.popleft() if server.replies else server.default
+                    entry["held"] = reply.hold is not None
                 server.received.release()
                 answered = False
 

@@ -442,3 +442,31 @@ def demo_provider_over_http(base_url: str) -> str:
     """`SLUICE_ADAPTERS` with the demo profile's provider, `fake`, as an OpenAI-compatible HTTP
     endpoint at `base_url` (a loopback server)."""
     return json.dumps({"fake": {"kind": "openai-chat", "baseUrl": base_url}})
+
+
+# Adapters for a deployment whose provider breaks: every call to `fake` fails, so its breaker
+# opens; `ghost` answers but is no provider of the demo profile.
+BREAKING_ADAPTERS = json.dumps(
+    {
+        "fake": {"kind": "fake", "latencyMs": 5, "error": "server-error"},
+        "ghost": {"kind": "fake", "latencyMs": 5},
+    }
+)
+
+
+def request_with_unknown_provider(invocation_id: str) -> dict[str, Any]:
+    """Six decisions of the example request and a seventh bound to `ghost`, which the demo
+    profile does not know, under `invocation_id`."""
+    from console.forms.runs import example_request
+
+    document = example_request(6)
+    document["invocationId"] = invocation_id
+    document["ruleset"]["decisions"].append(
+        {
+            "id": "ghost-check",
+            "prompt": "Is ${text} acceptable?",
+            "allowedOutputs": ["yes", "no"],
+            "binding": {"primary": {"adapter": "ghost", "model": "m"}},
+        }
+    )
+    return document

@@ -5,15 +5,16 @@ reports), and no series carries an id in any label."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from console.forms.runs import example_request
-
-from .conftest import admission_redis_env, wait_for
+from .conftest import (
+    BREAKING_ADAPTERS,
+    admission_redis_env,
+    request_with_unknown_provider,
+    wait_for,
+)
 
 pytestmark = pytest.mark.celery
 
@@ -41,13 +42,8 @@ def total(samples, name: str, **labels: str) -> float:
 
 
 def test_metrics_after_an_evaluation_show_the_deployment_without_ids(deployment):
-    # Every call to `fake` fails, so its breaker opens; `ghost` is no provider of the profile.
-    adapters = {
-        "fake": {"kind": "fake", "latencyMs": 5, "error": "server-error"},
-        "ghost": {"kind": "fake", "latencyMs": 5},
-    }
     env = {
-        "SLUICE_ADAPTERS": json.dumps(adapters),
+        "SLUICE_ADAPTERS": BREAKING_ADAPTERS,
         "SLUICE_METRICS_TOKEN": TOKEN,
         # Admission in the worker: it publishes its figures twice a second for this test.
         "SLUICE_ADMISSION_SNAPSHOT_SECONDS": "0.5",
@@ -73,16 +69,7 @@ def test_metrics_after_an_evaluation_show_the_deployment_without_ids(deployment)
     assert total(before, "sluice_dependency_up", dependency="database") == 1
     assert total(before, "sluice_dependency_up", dependency="broker") == 1
 
-    document = example_request(6)
-    document["invocationId"] = "inv-metrics-5e2a"
-    document["ruleset"]["decisions"].append(
-        {
-            "id": "ghost-check",
-            "prompt": "Is ${text} acceptable?",
-            "allowedOutputs": ["yes", "no"],
-            "binding": {"primary": {"adapter": "ghost", "model": "m"}},
-        }
-    )
+    document = request_with_unknown_provider("inv-metrics-5e2a")
     run = deployment.wait_run(deployment.submit(document)["id"])
     assert run["status"] in ("completed", "execution-uncertain"), run
 

@@ -4,14 +4,11 @@ decision.* metrics to an OTLP receiver, and no series names a principal or a wor
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
-from console.forms.runs import example_request
-
-from .conftest import wait_for
+from .conftest import BREAKING_ADAPTERS, request_with_unknown_provider, wait_for
 from .otlp_collector import OtlpCollector, attributes, data_points
 
 pytestmark = pytest.mark.celery
@@ -50,25 +47,11 @@ def _total(points: list[dict[str, Any]], **labels: str) -> float:
 
 def test_worker_exports_admission_telemetry_without_identities(deployment):
     collector = OtlpCollector()
-    # Every call to `fake` fails, so its breaker opens; `ghost` is no provider of the profile.
-    adapters = {
-        "fake": {"kind": "fake", "latencyMs": 5, "error": "server-error"},
-        "ghost": {"kind": "fake", "latencyMs": 5},
-    }
-    env = {**_otel_env(collector), "SLUICE_ADAPTERS": json.dumps(adapters)}
+    env = {**_otel_env(collector), "SLUICE_ADAPTERS": BREAKING_ADAPTERS}
     try:
         deployment.start_web(env)
         deployment.start_worker(env)
-        document = example_request(6)
-        document["invocationId"] = "inv-telemetry-7c1f"
-        document["ruleset"]["decisions"].append(
-            {
-                "id": "ghost-check",
-                "prompt": "Is ${text} acceptable?",
-                "allowedOutputs": ["yes", "no"],
-                "binding": {"primary": {"adapter": "ghost", "model": "m"}},
-            }
-        )
+        document = request_with_unknown_provider("inv-telemetry-7c1f")
         run = deployment.wait_run(deployment.submit(document)["id"])
         assert run["status"] in ("completed", "execution-uncertain"), run
 

@@ -83,7 +83,7 @@ async def main(config: dict[str, Any]) -> None:
             record({"decision": "reject", "reason": refusal.reason})
             await asyncio.sleep(0.05)
             return
-        record({"decision": "admit", "active": lease.evidence.active})
+        record({"decision": "admit", "active": lease.evidence.active, "id": item.budget_id})
         call = asyncio.ensure_future(
             client.post("/v1/chat/completions", json={"id": item.budget_id})
         )
@@ -93,11 +93,11 @@ async def main(config: dict[str, Any]) -> None:
             fired.cancel()
             lease.release(success=call.exception() is None)
             completed += call.exception() is None
-            record({"decision": "done"})
+            record({"decision": "done", "id": item.budget_id})
         else:
             call.cancel()
             lease.release(success=None)
-            record({"decision": "aborted", "why": signal.reason})
+            record({"decision": "aborted", "why": signal.reason, "id": item.budget_id})
 
     async def loop() -> None:
         nonlocal remaining

@@ -3,15 +3,16 @@
 Real driver processes admit calls through a Redis Cluster of three primaries with a replica each
 (started by the test on loopback) and send them to loopback providers that count calls in flight.
 The primary serving the first workspace's hash slot is killed (SIGKILL) while calls go out and
-waiters are queued, and its replica is promoted a moment later. The replica was frozen just
-before one call was admitted and is thawed only after its primary died, so it never learnt of
-that permit: the call is still out at the provider, and only its process's re-assertion keeps
-the promoted replica from handing the permit out twice. While the slot has no primary
-the processes refuse that workspace's requests with the typed reason `coordination-unavailable`;
-a workspace on another shard is not held up at all; once the replica serves the slot the
-workspace's state starts a new epoch (the promoted replica may lack the last writes), the
-processes re-assert the permits they hold, and admission resumes by itself. No provider ever sees
-more calls at once than its ceiling, and no call goes out twice.
+waiters are queued, and its replica is promoted a moment later: by an operator
+(`CLUSTER FAILOVER TAKEOVER`), or by the cluster itself once `cluster-node-timeout` has passed.
+The replica was frozen just before one call was admitted and is thawed only after its primary
+died, so it never learnt of that permit: the call is still out at the provider, and only its
+process's re-assertion keeps the promoted replica from handing the permit out twice. While the
+slot has no primary the processes refuse that workspace's requests with the typed reason
+`coordination-unavailable`; a workspace on another shard is not held up at all; once the replica
+serves the slot the workspace's state starts a new epoch (the promoted replica may lack the last
+writes), the processes re-assert the permits they hold, and admission resumes by itself. No
+provider ever sees more calls at once than its ceiling, and no call goes out twice.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from admission.core import AdmissionRequest, CancelSignal, Estimate, Profile
 from tests.admission.coordination.conftest import (
     WORKSPACE,
     Deployment,
+    Process,
     profile,
     request,
     run,
@@ -41,7 +43,7 @@ from tests.admission.coordination.test_processes import Drivers, wait_for
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedisCluster
 
-SETTINGS = {"lease_ttl_ms": 6000, "heartbeat_ms": 100, "recovery_grace_ms": 400, "timeout_ms": 300}
+SETTINGS = {"lease_ttl_ms": 12000, "heartbeat_ms": 100, "recovery_grace_ms": 400, "timeout_ms": 300}
 CEILING = 2
 
 
@@ -54,10 +56,21 @@ def _profile() -> dict[str, object]:
     }
 
 
+# How the replica takes over: an operator's `CLUSTER FAILOVER TAKEOVER` at a moment the test
+# picks (the node timeout long enough that the cluster never does it first), or the cluster by
+# itself once the primary has been silent for `cluster-node-timeout`.
+NODE_TIMEOUT_MS = {"operator": 30_000, "automatic": 1_500}
+
+
+@pytest.fixture(params=sorted(NODE_TIMEOUT_MS))
+def promotion(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
-def cluster() -> Iterator[PrivateRedisCluster]:
+def cluster(promotion: str) -> Iterator[PrivateRedisCluster]:
     # A cluster of the test's own: it loses a node.
-    cluster = PrivateRedisCluster(node_timeout_ms=2000)
+    cluster = PrivateRedisCluster(node_timeout_ms=NODE_TIMEOUT_MS[promotion])
     try:
         yield cluster
     finally:
@@ -65,8 +78,9 @@ def cluster() -> Iterator[PrivateRedisCluster]:
 
 
 def test_a_failed_primary_is_survived_and_no_ceiling_is_ever_passed(
-    tmp_path: Path, cluster: PrivateRedisCluster
+    tmp_path: Path, cluster: PrivateRedisCluster, promotion: str
 ) -> None:
+    automatic = promotion == "automatic"
     hold = threading.Event()
     with LoopbackServer() as provider, LoopbackServer() as other_provider:
         provider.default = Reply(delay=0.05)
@@ -99,6 +113,7 @@ def test_a_failed_primary_is_survived_and_no_ceiling_is_ever_passed(
             cluster.pause(replica)
             provider.replies.append(Reply(hold=hold))
             wait_for(lambda: not provider.replies, 30, "the held call did not go out")
+            (held,) = [r["body"]["id"] for r in provider.requests if r["held"]]
             cluster.kill(primary)
             killed = time.time()
             cluster.resume(replica)
@@ -119,18 +134,24 @@ def test_a_failed_primary_is_survived_and_no_ceiling_is_ever_passed(
                 30,
                 "the other shard's workspace was held up",
             )
-            # The outage lasts long enough to be seen (the checks below skip its first 0.5 s).
-            wait_for(lambda: time.time() > killed + 1.5, 5, "the clock stood still")
-            sent_before = len(provider.requests)
-            cluster.promote(replica)
+            if automatic:
+                # Nothing is promoted before the node timeout: the outage checked below.
+                cluster.wait_promoted(replica)
+                outage_ends = killed + NODE_TIMEOUT_MS["automatic"] / 1000
+            else:
+                # The outage lasts long enough to be seen (the checks below skip its first 0.5 s).
+                wait_for(lambda: time.time() > killed + 1.5, 5, "the clock stood still")
+                cluster.promote(replica)
+                outage_ends = time.time()
             promoted = time.time()
+            sent_before = len(provider.requests)
             wait_for(
                 lambda: len(provider.requests) >= sent_before + 10,
                 30,
                 "admission did not resume after the promotion",
             )
-            # The held call was out all along (its permit re-asserted, not lost).
-            assert provider.in_flight >= 1
+            # The held call is still out: its process re-asserted its permit, nothing stopped it.
+            assert not _ended(drivers, held)
             hold.set()
             drivers.wait(timeout=90)
         finally:
@@ -138,13 +159,14 @@ def test_a_failed_primary_is_survived_and_no_ceiling_is_ever_passed(
             drivers.stop()
     lines = drivers.lines(0) + drivers.lines(1)
     figures = {
+        "promotion": promotion,
         "calls": len(provider.requests),
         "max_in_flight": provider.max_in_flight,
         "other_max_in_flight": other_provider.max_in_flight,
         "refused_unavailable": sum(
             line.get("reason") == "coordination-unavailable" for line in lines
         ),
-        "first_admit_after_promotion_s": round(
+        "first_admit_after_promotion_seen_s": round(
             min(
                 line["at"]
                 for line in lines
@@ -156,20 +178,31 @@ def test_a_failed_primary_is_survived_and_no_ceiling_is_ever_passed(
     }
     print(figures)
     # While the slot had no primary: refused with the typed reason, or timed out in the queue.
-    outage = [line for line in lines if killed + 0.5 < line["at"] < promoted]
+    outage = [line for line in lines if killed + 0.5 < line["at"] < outage_ends]
     reasons = {line["reason"] for line in outage if line["decision"] == "reject"}
     assert "coordination-unavailable" in reasons, figures
     assert reasons <= {"coordination-unavailable", "queue-timeout"}, reasons
     assert not [line for line in outage if line["decision"] == "admit"]
     # Never more calls at a provider than its ceiling, before, during or after the failover.
+    # (The provider counts a call until it answers it, as a provider does: a call its process
+    # had stopped would still count. None was stopped here.)
     assert provider.max_in_flight <= CEILING, figures
     assert other_provider.max_in_flight <= CEILING, figures
+    assert not [line for line in lines if line["decision"] == "aborted"], figures
+    assert [line["decision"] for line in lines if line.get("id") == held] == ["admit", "done"]
     # No call sent twice, and every run ended with its calls completed.
     ids = Counter(r["body"]["id"] for r in provider.requests)
     assert max(ids.values()) == 1
     for index in range(3):
         done = [line for line in drivers.lines(index) if line["decision"] == "done"]
         assert len(done) >= 150
+
+
+def _ended(drivers: Drivers, call_id: str) -> bool:
+    return any(
+        line.get("id") == call_id and line["decision"] in ("done", "aborted")
+        for line in drivers.lines()
+    )
 
 
 def _queued(drivers: Drivers) -> int:
@@ -180,6 +213,15 @@ def _queued(drivers: Drivers) -> int:
         return int(client.hlen(f"{drivers.prefix}:{{ws}}:W"))
     finally:
         client.close()
+
+
+def promote_without(deployment: Deployment, holder: Process, lease_id: str) -> None:
+    """Leave in Redis what a replica promoted without its primary's last grant holds: no epoch
+    (epochs are never replicated), and not the permit `holder` still holds (given back behind
+    its back, through the release function)."""
+    deployment.client.delete(deployment.key("epoch"))
+    holder.coordinator.call_sync(WORKSPACE, ReleaseBatch((Release(lease_id),)))
+    assert deployment.active("V:llm") == 0
 
 
 def test_a_promoted_state_that_missed_a_release_gives_the_permit_back(
@@ -232,13 +274,9 @@ def test_a_promoted_state_that_missed_a_permit_serves_nobody_before_it_is_put_ba
             second.controller().acquire(request("bob", budget="b2", signal=signal))
         )
         await until(lambda: deployment.queued("V:llm") == 2)
-        # What the promoted replica holds: both waiters, not the permit, and no epoch. (The
-        # permit is given back in Redis behind its holder's back: the release's own pump is the
-        # first to run in the new epoch.)
-        client = deployment.client
-        client.delete(deployment.key("epoch"))
-        holder.coordinator.call_sync(WORKSPACE, ReleaseBatch((Release(held.id),)))
-        assert deployment.active("V:llm") == 0
+        # What the promoted replica holds: both waiters, not the permit. (The release's own
+        # pump is the first to run in the new epoch.)
+        promote_without(deployment, holder, held.id)
         # A waiter leaves at once: its pump must not hand the missing permit to the other.
         signal.cancel("gone")
         await asyncio.gather(leaving, return_exceptions=True)
@@ -277,10 +315,7 @@ def test_a_process_slow_to_reassert_after_a_promotion_keeps_its_permit(
             await resync(workspace_id, epoch)
 
         holder.coordinator.resync = slow_resync
-        # What the promoted replica holds: not the permit, and no epoch.
-        deployment.client.delete(deployment.key("epoch"))
-        holder.coordinator.call_sync(WORKSPACE, ReleaseBatch((Release(held.id),)))
-        assert deployment.active("V:llm") == 0
+        promote_without(deployment, holder, held.id)
         late = asyncio.ensure_future(other.controller().acquire(request("bob", budget="b1")))
         await asyncio.sleep(1.0)
         assert not late.done()

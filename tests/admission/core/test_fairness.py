@@ -237,11 +237,10 @@ def test_CNC_ADMIT_TOKEN_001_large_request_is_not_starved_by_small_ones(scenario
     s.run(body)
 
 
-@pytest.mark.parametrize("pool", ["workspace", "provider"])
-def test_CNC_ADMIT_RESERVE_001_every_unreserved_permit_is_usable_at_once(scenario_factory, pool):
-    # Three permits in the pool, one of them quiet's unused reservation: noisy gets two at once.
+def _three_permits_one_reserved(scenario_factory, pool):
+    """Three permits in the `pool` (workspace or provider), one of them quiet's reservation."""
     three = {"concurrency": 3}
-    s = scenario_factory(
+    return scenario_factory(
         make_profile(
             workspace=three if pool == "workspace" else {"concurrency": 10},
             providers={"llm": three if pool == "provider" else {"concurrency": 10}},
@@ -252,43 +251,33 @@ def test_CNC_ADMIT_RESERVE_001_every_unreserved_permit_is_usable_at_once(scenari
         )
     )
 
-    async def body(s):
-        held = [await s.admit(request("noisy", budget=f"n{i}")) for i in range(2)]
-        third = s.start(request("noisy", budget="n2"))
-        await s.settle()
-        waiting = not third.done()
-        third.cancel()
-        for lease in held:
-            lease.release()
-        return [lease.evidence.queue_delay_ms for lease in held], waiting
 
-    assert s.run(body) == ([0, 0], True)
+async def _noisy_asks_for_three(s):
+    """Noisy's queue delays for the two permits it gets, and whether its third request waits."""
+    held = [await s.admit(request("noisy", budget=f"n{i}")) for i in range(2)]
+    third = s.start(request("noisy", budget="n2"))
+    await s.settle()
+    waiting = not third.done()
+    third.cancel()
+    for lease in held:
+        lease.release()
+    return [lease.evidence.queue_delay_ms for lease in held], waiting
+
+
+@pytest.mark.parametrize("pool", ["workspace", "provider"])
+def test_CNC_ADMIT_RESERVE_001_every_unreserved_permit_is_usable_at_once(scenario_factory, pool):
+    # Three permits in the pool, one of them quiet's unused reservation: noisy gets two at once.
+    s = _three_permits_one_reserved(scenario_factory, pool)
+    assert s.run(_noisy_asks_for_three) == ([0, 0], True)
 
 
 @pytest.mark.parametrize("pool", ["workspace", "provider"])
 def test_CNC_ADMIT_RESERVE_001_a_reservation_given_back_is_held_back_again(scenario_factory, pool):
-    three = {"concurrency": 3}
-    s = scenario_factory(
-        make_profile(
-            workspace=three if pool == "workspace" else {"concurrency": 10},
-            providers={"llm": three if pool == "provider" else {"concurrency": 10}},
-            principals={
-                "noisy": {"concurrency": 10},
-                "quiet": {"concurrency": 2, "reservedConcurrency": 1},
-            },
-        )
-    )
+    s = _three_permits_one_reserved(scenario_factory, pool)
 
     async def body(s):
         (await s.admit(request("quiet", budget="q"))).release()
-        held = [await s.admit(request("noisy", budget=f"n{i}")) for i in range(2)]
-        third = s.start(request("noisy", budget="n2"))
-        await s.settle()
-        waiting = not third.done()
-        third.cancel()
-        for lease in held:
-            lease.release()
-        return waiting
+        return await _noisy_asks_for_three(s)
 
     # Quiet's permit is unused again, so noisy still gets two of the three.
-    assert s.run(body) is True
+    assert s.run(body) == ([0, 0], True)

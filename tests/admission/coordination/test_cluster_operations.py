@@ -1,0 +1,132 @@
+"""What operators do to a Redis Cluster while admission runs on it: move a workspace's hash slot
+to another primary (a new one), and run with `cluster-require-full-coverage` either way.
+
+Real driver processes admit calls through a private cluster on loopback and send them to a
+loopback provider that counts the calls in flight. While a slot moves, no function runs in it
+(its fence, see clients.py): the processes refuse that workspace's requests as
+`coordination-unavailable`, nothing passes a ceiling, and admission resumes by itself once the
+slot has settled on its new primary, which gets the function library on the first call that
+misses it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from admission.coordination.clients import call_keys, fence_key, registry_key, route_key, slot_of
+from tests.admission.coordination.test_processes import Drivers, wait_for
+from tests.evaluator.loopback import LoopbackServer, Reply
+from tests.private_services import PrivateRedisCluster
+
+SETTINGS = {"lease_ttl_ms": 6000, "heartbeat_ms": 100, "recovery_grace_ms": 400, "timeout_ms": 300}
+CEILING = 2
+
+
+def _profile() -> dict[str, object]:
+    return {
+        "profileVersion": "reshard-v1",
+        "workspace": {"concurrency": 50},
+        "providers": {"llm": {"concurrency": CEILING, "maxQueueWaitMs": 1500}},
+        "principals": {"alice": {"concurrency": 50}, "bob": {"concurrency": 50}},
+    }
+
+
+@pytest.fixture
+def small_cluster() -> Iterator[PrivateRedisCluster]:
+    # Primaries only: the test adds one and moves a slot to it.
+    cluster = PrivateRedisCluster(replicas=0, node_timeout_ms=2000)
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def test_a_slot_moved_to_a_new_primary_under_load_keeps_every_ceiling(
+    tmp_path: Path, small_cluster: PrivateRedisCluster
+) -> None:
+    cluster = small_cluster
+    with LoopbackServer() as provider:
+        provider.default = Reply(delay=0.05)
+        drivers = Drivers(tmp_path, cluster.url, provider.base_url, _profile())
+        key = route_key(drivers.prefix, "ws")
+        slot = slot_of(key)
+        source = cluster.primary_of(key)
+        try:
+            for principal in ("alice", "bob"):
+                drivers.start(
+                    settings=SETTINGS, principal=principal, concurrency=4, seconds=40, complete=120
+                )
+            wait_for(lambda: len(provider.requests) >= 20, 30, "calls did not start")
+            # A primary the cluster did not have when the processes started (nor its library).
+            target = cluster.add_node()
+            assert "sluice_" not in cluster.cli(target, "function", "list")
+            cluster.begin_migration(slot, source, target)
+            begun = _now()
+            # The keys go ten at a time (as `redis-cli --cluster reshard` moves them), and the
+            # processes try to decide between the moves: the workspace's state is split between
+            # two nodes for a while.
+            moved = 0
+            while True:
+                seen = len(drivers.lines())
+                count = cluster.migrate_keys(slot, source, target, 10)
+                if not count:
+                    break
+                moved += count
+                wait_for(lambda seen=seen: len(drivers.lines()) >= seen + 4, 30, "no decisions")
+            # Split for long enough to be seen (the checks skip its first 0.5 s).
+            wait_for(lambda: _now() > begun + 1.0, 5, "the clock stood still")
+            cluster.end_migration(slot, target)
+            ended = _now()
+            assert cluster.primary_of(key) == target
+            sent = len(provider.requests)
+            wait_for(
+                lambda: len(provider.requests) >= sent + 10,
+                30,
+                "admission did not resume on the new primary",
+            )
+            drivers.wait(timeout=90)
+        finally:
+            drivers.stop()
+    lines = drivers.lines()
+    during = [line for line in lines if begun + 0.5 < line["at"] < ended]
+    reasons = Counter(line.get("reason") for line in during if line["decision"] == "reject")
+    figures = {
+        "keys_moved": moved,
+        "calls": len(provider.requests),
+        "max_in_flight": provider.max_in_flight,
+        "refusals_while_moving": dict(reasons),
+    }
+    print(figures)
+    assert moved >= 10, figures
+    # While the slot moved nothing ran in it: typed refusals (or waits that timed out), no admit.
+    assert reasons["coordination-unavailable"] >= 1, figures
+    assert set(reasons) <= {"coordination-unavailable", "queue-timeout"}, figures
+    assert not [line for line in during if line["decision"] == "admit"], figures
+    assert provider.max_in_flight <= CEILING, figures
+    ids = Counter(r["body"]["id"] for r in provider.requests)
+    assert max(ids.values()) == 1
+    for index in range(2):
+        assert sum(line["decision"] == "done" for line in drivers.lines(index)) >= 120
+    # The new primary got the library from the first call that missed it.
+    assert "sluice_" in cluster.cli(target, "function", "list")
+
+
+def _now() -> float:
+    import time
+
+    return time.time()
+
+
+def test_every_call_names_the_fence_of_its_own_slot() -> None:
+    key = route_key("sluice", "ws-1")
+    assert call_keys(key) == (key, "sluice:{ws-1}:fence")
+    assert slot_of(call_keys(key)[1]) == slot_of(key)
+    # The registry has no hash tag: a heartbeat takes its fence from a workspace of its slot.
+    registry = registry_key("sluice")
+    assert fence_key(registry) is None
+    assert call_keys(registry) == (registry,)
+    assert call_keys(registry, key) == (registry, "sluice:{ws-1}:fence")
