@@ -50,7 +50,7 @@ class Reply:
 class LoopbackServer:
     """Counts requests, tracks in-flight requests and their high-water mark.
 
-    A request is in flight from its arrival until its reply is written, as at a provider: a
+    A request is in flight from its arrival until the provider starts writing its reply: a
     client that gives up on it (closes the connection) does not end it sooner."""
 
     def __init__(self) -> None:
