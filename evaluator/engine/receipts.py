@@ -296,10 +296,13 @@ class ReceiptJournal:
     while other writes are in flight, and each ``mark_dispatch`` returns once its slot is durable.
     Everything else goes in document writes, each a compare-and-set ``update``; changes made while
     one is in flight go together in the next one. ``resolve_pending`` and ``finish`` return once a
-    document write that holds their change has landed. An attempt's record (which removes its
-    slot) is not waited for, but its write starts in the next turn of the loop with the other
-    changes of that turn, or as soon as the write in flight lands: it is durable one write (and
-    any write already in flight) after its call ended, whatever the run does meanwhile. A failed
+    document write that holds their change has landed. A document write lets the run's slot
+    writes under way land first (calls wait on those; nobody waits on a document write it holds,
+    and the two would contend for the same database and process). An attempt's record (which
+    removes its slot) is not waited for, but its write starts in the next turn of the loop with
+    the other changes of that turn (after the slot writes under way, if any), or as soon as the
+    write in flight lands: it is durable one write (and any write already in flight) after its
+    call ended, whatever the run does meanwhile. A failed
     write fails every change waiting on it and every later one: the run stops, and its next
     claimant resumes from what is durable.
     """
@@ -610,6 +613,10 @@ class ReceiptJournal:
         flight.add_done_callback(self._landed)
 
     async def _write(self) -> None:
+        # The slot writes under way (and those gathered this turn) go first: each holds a call
+        # back until it lands, while nobody waits on a record. Once, not in a loop: slots marked
+        # from now on go beside this write, which waits for one slot write at most.
+        await self._slots_landed()
         # A slot is removed only once it is durable (else its late write would outlive it).
         while any(k in self._slot_flights for k in self._settled):
             await self._slots_landed(list(self._settled))
