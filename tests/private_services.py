@@ -348,6 +348,15 @@ class PrivateRedisCluster:
                 return line.split(":", 1)[1].strip()
         return ""
 
+    def sees_failed(self, observer: int, port: int) -> bool:
+        """Whether `observer` has flagged the node at `port` as failed (after the node timeout,
+        once the primaries agree)."""
+        for line in self.cli(observer, "cluster", "nodes").splitlines():
+            fields = line.split()
+            if len(fields) > 2 and fields[1].split("@")[0].endswith(f":{port}"):
+                return "fail" in fields[2].split(",")
+        return False
+
     def node_id(self, port: int) -> str:
         return self.cli(port, "cluster", "myid").strip()
 

@@ -254,6 +254,9 @@ class _KeySpace:
     name: str
     # An AdmissionRegistry (a shadow's host is typed by the core as what hosts controllers).
     registry: Any
+    # With deployment-wide admission: the coordinator of its controllers (its Redis clients),
+    # closed with the key space.
+    coordinator: RedisCoordinator | None = None
     users: set[RunHold] = dataclasses.field(default_factory=set)
     retired: bool = False
 
@@ -289,13 +292,13 @@ def registry_for_run(plan: RunPlan) -> tuple[AdmissionRegistry, RunHold]:
                 _retire(key, registry.stop_shadow(key))
         elif running is None or running.session != wanted.pk:
             profile = profile_from_version(wanted.version)
-            shared = _shared_registry("shadow", wanted.pk, registry)
+            shared, coordinator = _shared_registry("shadow", wanted.pk, registry)
             if shared is not None:
                 # Every process registers the shadow's profile at its start row's position.
                 shared.register(profile, sequence=wanted.pk)
             _retire(key, running)
             started = registry.start_shadow(profile, session=wanted.pk, registry=shared)
-            _open(f"shadow:{wanted.pk}", started.host)
+            _open(f"shadow:{wanted.pk}", started.host, coordinator)
         canary = plan.canary
         if canary is None or canary.version is None:
             _retire(key, _canaries.pop(key, None))
@@ -303,13 +306,13 @@ def registry_for_run(plan: RunPlan) -> tuple[AdmissionRegistry, RunHold]:
         cached = _canaries.get(key)
         if cached is None or cached[0] != canary.pk:
             _retire(key, cached)
-            own = _shared_registry("canary", canary.pk, registry) or AdmissionRegistry(
-                clock=registry.clock
-            )
+            own, coordinator = _shared_registry("canary", canary.pk, registry)
+            if own is None:
+                own = AdmissionRegistry(clock=registry.clock)
             # Every process registers the canary's profile at the same position: its start row.
             own.register(profile_from_version(canary.version), sequence=canary.pk)
             cached = _canaries[key] = (canary.pk, own)
-            _open(f"canary:{canary.pk}", own)
+            _open(f"canary:{canary.pk}", own, coordinator)
             for hook in list(_canary_hooks):
                 hook(own)
         if not plan.on_canary:
@@ -326,8 +329,8 @@ def open_key_spaces() -> list[str]:
         return sorted(space.name for space in _spaces.values())
 
 
-def _open(name: str, registry: Any) -> None:
-    _spaces[id(registry)] = _KeySpace(name, registry)
+def _open(name: str, registry: Any, coordinator: RedisCoordinator | None) -> None:
+    _spaces[id(registry)] = _KeySpace(name, registry, coordinator)
 
 
 def _hold(workspace_key: str, canary: _KeySpace | None) -> RunHold:
@@ -339,19 +342,22 @@ def _hold(workspace_key: str, canary: _KeySpace | None) -> RunHold:
     return hold
 
 
-def _shared_registry(kind: str, pk: int, registry: AdmissionRegistry) -> AdmissionRegistry | None:
+def _shared_registry(
+    kind: str, pk: int, registry: AdmissionRegistry
+) -> tuple[AdmissionRegistry | None, RedisCoordinator | None]:
     """With deployment-wide admission, a registry on the process registry's clock whose
     controllers are coordinated in Redis under a key space of this canary's or shadow's own
-    (`<prefix>:<kind>:<pk>`): its limits hold for every process together, and nothing of it
-    touches the active version's counters. None when admission is in-process."""
+    (`<prefix>:<kind>:<pk>`), and its coordinator: its limits hold for every process together,
+    and nothing of it touches the active version's counters. (None, None) when admission is
+    in-process."""
     coordination = coordination_settings()
     if coordination is None:
-        return None
+        return None, None
     own = dataclasses.replace(coordination, prefix=f"{coordination.prefix}:{kind}:{pk}")
     coordinator = RedisCoordinator(own)
-    shared = AdmissionRegistry(clock=registry.clock, controller_factory=coordinator.controller)
-    shared._sluice_coordinator = coordinator  # type: ignore[attr-defined]
-    return shared
+    return AdmissionRegistry(
+        clock=registry.clock, controller_factory=coordinator.controller
+    ), coordinator
 
 
 def _retire(workspace_key: str, held: Any) -> None:
@@ -374,7 +380,7 @@ def _retire(workspace_key: str, held: Any) -> None:
 def _close(space: _KeySpace) -> None:
     """Forget a key space and close its coordinator (on the loop it runs on)."""
     _spaces.pop(id(space.registry), None)
-    coordinator = getattr(space.registry, "_sluice_coordinator", None)
+    coordinator = space.coordinator
     loop = getattr(coordinator, "_loop", None)
     if coordinator is not None and loop is not None and not loop.is_closed():
         asyncio.run_coroutine_threadsafe(coordinator.aclose(), loop)

@@ -62,7 +62,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
         registry = runtime.get_registry()
         factory = getattr(registry, "_controller_factory", None)
         held = [getattr(factory, "__self__", None)]
-        held += [getattr(r, "_sluice_coordinator", None) for r in _key_space_registries(registry)]
+        held += [_coordinator(r) for r in _key_space_registries(registry)]
         for coordinator in held:
             if coordinator is not None and getattr(coordinator, "_loop", None) is running:
                 await coordinator.aclose()
@@ -128,10 +128,16 @@ def _use(registry: Any, workspace: Workspace, loop: asyncio.AbstractEventLoop) -
     asyncio.run_coroutine_threadsafe(once(), loop).result(30)
 
 
+def _coordinator(registry: Any) -> Any:
+    """The coordinator of the open key space of `registry` (None in-process)."""
+    space = runtime._spaces.get(id(registry))
+    return space.coordinator if space is not None else None
+
+
 def _closed(registry: Any, admission: str) -> Callable[[], bool]:
     """Whether the key space's coordinator is closed (in-process: there is none, so the key
     space is gone once forgotten)."""
-    coordinator = getattr(registry, "_sluice_coordinator", None)
+    coordinator = _coordinator(registry)
     assert (coordinator is not None) == (admission == "redis")
     if coordinator is None:
         return lambda: True

@@ -114,7 +114,7 @@ local function pack_scope(s)
       return num(a) .. ',' .. num(q)
     end
   end
-  local parts, last = {}, 0
+  local parts, last = {'', '', '', '', '', '', '', '', '', '', '', '', '', '', '', '', ''}, 0
   for i = 1, #FIELDS do
     local f = FIELDS[i]
     local v = s[f]
@@ -185,22 +185,42 @@ local function flush()
   sw._idle = idle
 end
 
+-- A workspace's key names by prefix and workspace, kept between calls (emptied when too many).
+local KEYSETS, KEYSETS_COUNT = {}, 0
+
+local function keyset(ws)
+  local of = KEYSETS[PFX]
+  if of == nil then
+    of = {}
+    KEYSETS[PFX] = of
+  end
+  local k = of[ws]
+  if k == nil then
+    if KEYSETS_COUNT >= 4096 then
+      KEYSETS, KEYSETS_COUNT = {}, 0
+      of = {}
+      KEYSETS[PFX] = of
+    end
+    local base = PFX .. ':{' .. ws .. '}:'
+    k = {base, base .. 'prof', base .. 'meta', base .. 'L', base .. 'W', base .. 'rot',
+      base .. 'bt', base .. 'off', base .. 's', base .. 'epoch', base .. 'procs'}
+    of[ws] = k
+    KEYSETS_COUNT = KEYSETS_COUNT + 1
+  end
+  return k
+end
+
 local function use_ws(ws)
   flush()
   WS = ws
-  BASE = PFX .. ':{' .. ws .. '}:'
-  PROF = BASE .. 'prof'
-  META = BASE .. 'meta'
-  LEASES = BASE .. 'L'
-  WAITERS = BASE .. 'W'
-  ROT = BASE .. 'rot'
-  TRANS = BASE .. 'bt'
-  OFFERS = BASE .. 'off'
-  STATE = BASE .. 's'
-  EPOCH_KEY = BASE .. 'epoch'
-  PROCS = BASE .. 'procs'
+  local k = keyset(ws)
+  BASE, PROF, META, LEASES, WAITERS, ROT = k[1], k[2], k[3], k[4], k[5], k[6]
+  TRANS, OFFERS, STATE, EPOCH_KEY, PROCS = k[7], k[8], k[9], k[10], k[11]
   EPOCH_READY = nil
-  LIM, SC, BUD = {}, {}, {}
+  -- Room for the scopes and limits of a decision and a lease given back, set without growing.
+  LIM = {W = nil, rsv = nil, l1 = nil, l2 = nil, l3 = nil, l4 = nil, l5 = nil, l6 = nil}
+  SC = {W = nil, s1 = nil, s2 = nil, s3 = nil, s4 = nil, s5 = nil, s6 = nil, s7 = nil}
+  BUD = {}
   REV = nil
   ALIVE = {}
 end
@@ -407,10 +427,51 @@ local function preload(...)
 end
 
 -- Scopes are named W, P:<principal>, V:<provider> and X:<provider, length-prefixed><principal>.
+-- The names depend on the ids alone, so they are kept between calls (emptied when too many).
+local NAMES_P, NAMES_V, NAMES_X, NAMES_COUNT = {}, {}, {}, 0
+local NAMES_MAX = 8192
+
+local function named(count)
+  NAMES_COUNT = NAMES_COUNT + count
+  if NAMES_COUNT > NAMES_MAX then
+    NAMES_P, NAMES_V, NAMES_X, NAMES_COUNT = {}, {}, {}, 0
+  end
+end
+
 local function key_w() return 'W' end
-local function key_p(pid) return 'P:' .. pid end
-local function key_v(prov) return 'V:' .. prov end
-local function key_x(prov, pid) return 'X:' .. enc(prov) .. pid end
+local function key_p(pid)
+  local n = NAMES_P[pid]
+  if n == nil then
+    named(1)
+    n = 'P:' .. pid
+    NAMES_P[pid] = n
+  end
+  return n
+end
+local function key_v(prov)
+  local n = NAMES_V[prov]
+  if n == nil then
+    named(1)
+    n = 'V:' .. prov
+    NAMES_V[prov] = n
+  end
+  return n
+end
+local function key_x(prov, pid)
+  local of = NAMES_X[prov]
+  if of == nil then
+    named(1)
+    of = {}
+    NAMES_X[prov] = of
+  end
+  local n = of[pid]
+  if n == nil then
+    named(1)
+    n = 'X:' .. enc(prov) .. pid
+    of[pid] = n
+  end
+  return n
+end
 local function lane_of(prov, pid) return enc(prov) .. pid end
 local function lane_key(lane) return BASE .. 'q:' .. lane end
 
@@ -421,7 +482,9 @@ local function split_lane(lane)
 end
 
 local function new_scope(name, raw)
-  local s = {_key = name, _raw = raw or ''}
+  -- Built with room for the fields a decision sets, so setting them grows nothing.
+  local s = {_key = name, _raw = raw or '', a = 0, q = 0, rl = nil, rt = nil, tl = nil, tt = nil,
+    _dirty = false, _idle = nil}
   if raw then unpack_scope(raw, s) end
   s.a = s.a or 0
   s.q = s.q or 0
@@ -451,9 +514,11 @@ end
 
 -- The four scopes of one (principal, provider) pair, loaded together.
 local function scopes_of(pid, prov)
-  local names = {key_p(pid), 'W', key_v(prov), key_x(prov, pid)}
-  load_scopes(names)
-  return SC[names[1]], SC['W'], SC[names[3]], SC[names[4]]
+  local np, nv, nx = key_p(pid), key_v(prov), key_x(prov, pid)
+  local sp, sw, sv, sx = SC[np], SC['W'], SC[nv], SC[nx]
+  if sp ~= nil and sw ~= nil and sv ~= nil and sx ~= nil then return sp, sw, sv, sx end
+  load_scopes({np, 'W', nv, nx})
+  return SC[np], SC['W'], SC[nv], SC[nx]
 end
 
 local function touch(s) s._dirty = true end
@@ -478,23 +543,24 @@ end
 
 -- --------------------------------------------------------------------------- buckets
 
-local function refill(s, p, cap, rate)
-  local lvl = s[p .. 'l']
+-- A bucket's level and time are the fields `lf` and `tf` of its scope (rl, rt or tl, tt).
+local function refill(s, lf, tf, cap, rate)
+  local lvl = s[lf]
   if lvl == nil then return cap end
-  local elapsed = NOW - (s[p .. 't'] or NOW)
+  local elapsed = NOW - (s[tf] or NOW)
   if elapsed > 0 then lvl = lvl + elapsed * rate end
   if lvl > cap then lvl = cap end
   return lvl
 end
 
-local function consume(s, p, cap, rate, amount)
-  local lvl = refill(s, p, cap, rate) - amount
+local function consume(s, lf, tf, cap, rate, amount)
+  local lvl = refill(s, lf, tf, cap, rate) - amount
   if lvl >= cap - EPS then
-    s[p .. 'l'] = nil
-    s[p .. 't'] = nil
+    s[lf] = nil
+    s[tf] = nil
   else
-    s[p .. 'l'] = lvl
-    s[p .. 't'] = NOW
+    s[lf] = lvl
+    s[tf] = NOW
   end
   touch(s)
 end
@@ -655,19 +721,25 @@ local function dispatch_check(w, lp, lw, lv)
   end
   local reason = budgets_reason(w, lp, lw, lv)
   if reason then return 'reject', reason end
-  local scopes = {{sp, lp}, {sw, lw}, {sv, lv}}
-  for _, pair in ipairs(scopes) do
-    local s, lim = pair[1], pair[2]
-    local rpm = lim.rpm
-    if rpm ~= nil then
-      local rate = rpm / 60000
-      local lvl = refill(s, 'r', rpm, rate)
-      if lvl < 1 - EPS then return 'defer', 'requests-per-minute', NOW + (1 - lvl) / rate end
+  -- The request buckets of the principal, the workspace and the provider, then their token
+  -- buckets, in that order.
+  if lp.rpm ~= nil or lw.rpm ~= nil or lv.rpm ~= nil then
+    for i = 1, 3 do
+      local s, lim
+      if i == 1 then s, lim = sp, lp elseif i == 2 then s, lim = sw, lw else s, lim = sv, lv end
+      local rpm = lim.rpm
+      if rpm ~= nil then
+        local rate = rpm / 60000
+        local lvl = refill(s, 'rl', 'rt', rpm, rate)
+        if lvl < 1 - EPS then return 'defer', 'requests-per-minute', NOW + (1 - lvl) / rate end
+      end
     end
   end
+  if lp.tps == nil and lw.tps == nil and lv.tps == nil then return 'admit' end
   local tok = w.tok or 0
-  for _, pair in ipairs(scopes) do
-    local s, lim = pair[1], pair[2]
+  for i = 1, 3 do
+    local s, lim
+    if i == 1 then s, lim = sp, lp elseif i == 2 then s, lim = sw, lw else s, lim = sv, lv end
     local tps = lim.tps
     if tps ~= nil then
       local need = tok
@@ -680,7 +752,7 @@ local function dispatch_check(w, lp, lw, lv)
         end
       end
       local rate = tps / 1000
-      local lvl = refill(s, 't', tps, rate)
+      local lvl = refill(s, 'tl', 'tt', tps, rate)
       if lvl < need - EPS then
         local wake = nil
         if need <= tps + EPS and rate > 0 then wake = NOW + (need - lvl) / rate end
@@ -705,9 +777,11 @@ end
 -- ------------------------------------------------------------------- leases and waiters
 
 local function evidence(w)
-  local sp, sv = scope(key_p(w.pid)), scope(key_v(w.prov))
-  local lv = limits('V:' .. w.prov)
-  local ev = {a = sp.a, q = sp.q, bs = breaker_state(sv), rp = retry_pressure(w.prov)}
+  local nv = key_v(w.prov)
+  local sp, sv = scope(key_p(w.pid)), scope(nv)
+  local lv = limits(nv)
+  local ev = {a = sp.a, q = sp.q, bs = breaker_state(sv), rp = retry_pressure(w.prov), st = nil,
+    ep = nil, rel = nil, tr = nil}
   local pause = (sv.pz or 0) - NOW
   if pause > 0 then ev.pz = pause end
   if lv and lv.bk ~= nil and sv.bs == 'open' then
@@ -737,22 +811,24 @@ local function admit(w, lp, lw, lv, offered)
   sx.a = sx.a + 1
   touch(sp) touch(sw) touch(sv) touch(sx)
   local tok = w.tok or 0
-  for _, item in ipairs({{'P', w.pid, lp, sp}, {'W', nil, lw, sw}, {'V', w.prov, lv, sv}}) do
-    local lim, s = item[3], item[4]
+  local bkey = BASE .. 'b:' .. w.bud
+  for i = 1, 3 do
+    local kind, id, lim, s
+    if i == 1 then kind, id, lim, s = 'P', w.pid, lp, sp
+    elseif i == 2 then kind, id, lim, s = 'W', nil, lw, sw
+    else kind, id, lim, s = 'V', w.prov, lv, sv end
     if keeps_budget(lim) then
-      local bkey = BASE .. 'b:' .. w.bud
-      local f = budget_field(item[1], item[2])
+      local f = budget_field(kind, id)
       redis.call('HINCRBY', bkey, f .. 'a', w.att)
       if w.cost ~= nil then redis.call('HINCRBYFLOAT', bkey, f .. 'c', w.cost) end
       redis.call('HINCRBY', bkey, f .. 't', tok)
       BUD[bkey] = nil
     end
-    if lim.rpm ~= nil then consume(s, 'r', lim.rpm, lim.rpm / 60000, 1) end
-    if lim.tps ~= nil and tok > 0 then consume(s, 't', lim.tps, lim.tps / 1000, tok) end
+    if lim.rpm ~= nil then consume(s, 'rl', 'rt', lim.rpm, lim.rpm / 60000, 1) end
+    if lim.tps ~= nil and tok > 0 then consume(s, 'tl', 'tt', lim.tps, lim.tps / 1000, tok) end
   end
   -- Attempts of one invocation on this provider: a repeat is retry pressure. The budget key
   -- lives BUDGET_TTL from the invocation's first admission.
-  local bkey = BASE .. 'b:' .. w.bud
   local repeats = redis.call('HINCRBY', bkey, budget_field('r', w.prov), 1)
   if repeats == 1 then
     redis.call('PEXPIRE', bkey, BUDGET_TTL, 'NX')

@@ -11,13 +11,17 @@ misses it.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from admission.coordination.clients import call_keys, fence_key, registry_key, route_key, slot_of
+from admission.core import AdmissionRejected, AdmissionRequest, Estimate, Profile
+from tests.admission.coordination.conftest import Deployment, run, settle, until
 from tests.admission.coordination.test_processes import Drivers, wait_for
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedisCluster
@@ -130,3 +134,72 @@ def test_every_call_names_the_fence_of_its_own_slot() -> None:
     assert fence_key(registry) is None
     assert call_keys(registry) == (registry,)
     assert call_keys(registry, key) == (registry, "sluice:{ws-1}:fence")
+
+
+@pytest.mark.parametrize("full_coverage", [True, False], ids=["full-coverage", "partial"])
+def test_a_shard_without_a_primary_stops_the_other_shards_only_under_full_coverage(
+    full_coverage: bool,
+) -> None:
+    """A primary with no replica to take over dies. Its workspaces are refused as
+    `coordination-unavailable` either way; with `cluster-require-full-coverage yes` (Redis's
+    default) the whole cluster refuses every command once the failure is agreed, so every
+    workspace is; with `no` the workspaces of the other shards go on deciding."""
+    cluster = PrivateRedisCluster(replicas=0, node_timeout_ms=1000, full_coverage=full_coverage)
+    try:
+        deployment = Deployment(cluster.url)
+        lost = "ws-1"
+        victim = cluster.primary_of(route_key(deployment.prefix, lost))
+        healthy = next(
+            name
+            for name in (f"other-{i}" for i in range(1000))
+            if cluster.primary_of(route_key(deployment.prefix, name)) != victim
+        )
+        process = deployment.process(timeout_ms=500)
+        for ws in (lost, healthy):
+            document = {
+                "profileVersion": "v1",
+                "workspace": {"concurrency": 10},
+                "providers": {"llm": {"concurrency": 10}},
+                "principals": {"alice": {"concurrency": 10}},
+            }
+            process.registry.register(Profile.from_dict(document, workspace_id=ws), sequence=1)
+
+        def decide(ws: str) -> Any:
+            return process.controller(ws).acquire(
+                AdmissionRequest(uuid.uuid4().hex, "alice", ws, "llm", Estimate())
+            )
+
+        async def refused(ws: str) -> str:
+            with pytest.raises(AdmissionRejected) as refusal:
+                await decide(ws)
+            return refusal.value.reason
+
+        async def scenario() -> None:
+            for ws in (lost, healthy):
+                (await decide(ws)).release(success=True)
+            await settle(deployment)
+            cluster.kill(victim)
+            survivors = cluster.live_ports()
+            # The failure is agreed (the node timeout has passed): the survivors flag the node,
+            # and under full coverage say the whole cluster is down.
+            await until(
+                lambda: all(cluster.sees_failed(port, victim) for port in survivors), timeout=60
+            )
+            if full_coverage:
+                await until(
+                    lambda: all(cluster.state(port) == "fail" for port in survivors), timeout=60
+                )
+            else:
+                assert all(cluster.state(port) == "ok" for port in survivors)
+            assert await refused(lost) == "coordination-unavailable"
+            if full_coverage:
+                assert await refused(healthy) == "coordination-unavailable"
+            else:
+                # (Not settled: what the refused call left to withdraw in the lost shard waits
+                # for a primary there, however long.)
+                for _ in range(3):
+                    (await decide(healthy)).release(success=True)
+
+        run(deployment, scenario, timeout=120)
+    finally:
+        cluster.destroy()
