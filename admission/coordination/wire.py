@@ -80,6 +80,8 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        if self.closed:
+            transport.abort()  # given up on while it was being opened
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
