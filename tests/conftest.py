@@ -8,9 +8,21 @@ from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
 from django.core.cache import caches
 from django.core.cache.backends.locmem import LocMemCache
+
+# Hypothesis's per-example deadline (200 ms) and its "too slow" health check time the machine,
+# not the code: on a loaded two-core CI runner an example touching Redis, PostgreSQL or a
+# subprocess, or one that meets a garbage collection, outlasts them and fails a test whose
+# property holds. The suite asserts behaviour only, so neither applies anywhere (a test may
+# still ask for a deadline of its own). Examples are still saved in .hypothesis/ (ignored by
+# git) and replayed locally; a fresh clone, as CI runs, replays none.
+hypothesis.settings.register_profile(
+    "sluice", deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow]
+)
+hypothesis.settings.load_profile("sluice")
 
 
 @pytest.hookimpl(hookwrapper=True)

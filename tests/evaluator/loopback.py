@@ -50,7 +50,7 @@ class Reply:
 class LoopbackServer:
     """Counts requests, tracks in-flight requests and their high-water mark.
 
-    A request is in flight from its arrival until its reply is written, as at a provider: a
+    A request is in flight from its arrival until the provider starts writing its reply: a
     client that gives up on it (closes the connection) does not end it sooner."""
 
     def __init__(self) -> None:
@@ -90,12 +90,25 @@ class LoopbackServer:
                     reply = server.replies.popleft() if server.replies else server.default
                     entry["held"] = reply.hold is not None
                 server.received.release()
+                answered = False
+
+                def answer() -> None:
+                    with server._lock:
+                        server.in_flight -= 1
+                        entry["ended"] = time.monotonic()
+
                 try:
                     if reply.hold is not None:
                         reply.hold.wait(reply.hold_seconds)
                     if reply.delay:
                         time.sleep(reply.delay)
                     payload = reply.payload()
+                    # The call ends here, before a byte of the answer is written: the client
+                    # cannot have the answer (and start its next call) before this point, so
+                    # counting the call until after the write would, in a thread starved of
+                    # CPU, overlap it with a next call that really came after it.
+                    answered = True
+                    answer()
                     self.send_response(reply.status)
                     self.send_header("content-type", "application/json")
                     self.send_header("content-length", str(len(payload)))
@@ -104,9 +117,8 @@ class LoopbackServer:
                     self.end_headers()
                     self.wfile.write(payload)
                 finally:
-                    with server._lock:
-                        server.in_flight -= 1
-                        entry["ended"] = time.monotonic()
+                    if not answered:
+                        answer()
 
         class Server(ThreadingHTTPServer):
             # A provider's listen backlog: socketserver's default of 5 drops connections when a

@@ -225,17 +225,32 @@ local function use_ws(ws)
   ALIVE = {}
 end
 
--- A call starts from nothing: no state is carried from one call to the next.
+-- The header's settings as numbers, by their text (a deployment sends the same few texts).
+local SETTINGS, SETTINGS_COUNT = {}, 0
+
+local function setting(text)
+  local v = SETTINGS[text]
+  if v == nil then
+    v = tonumber(text)
+    if SETTINGS_COUNT >= 256 then SETTINGS, SETTINGS_COUNT = {}, 0 end
+    SETTINGS[text] = v
+    SETTINGS_COUNT = SETTINGS_COUNT + 1
+  end
+  return v
+end
+
+-- A call starts from nothing: no decision state is carried from one call to the next (what is
+-- kept is derived from the arguments' and the profile's text alone: names, parsed limits).
 local function begin(args)
   floor, max, min = math.floor, math.max, math.min
   ARGV = args
   PFX = args[1]
-  IDLE_TTL = tonumber(args[3])
+  IDLE_TTL = setting(args[3])
   PROC = args[4]
-  PROC_TTL = tonumber(args[5])
+  PROC_TTL = setting(args[5])
   KNOWN_EPOCH = args[6]
-  GRACE = tonumber(args[7])
-  BUDGET_TTL = tonumber(args[8])
+  GRACE = setting(args[7])
+  BUDGET_TTL = setting(args[8])
   GRANT_TTL = PROC_TTL / 2
   local t = redis.call('TIME')
   NOW = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -1202,10 +1217,19 @@ local function reply(t)
   return cjson.encode(t)
 end
 
--- A string as JSON, written directly when it needs no escaping (ids usually do not).
+-- A string as JSON, written directly when it needs no escaping (ids usually do not). Kept
+-- between calls for the few texts it is asked for (epochs).
+local JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0
+
 local function json_text(s)
-  if string.find(s, '[%c"\\\128-\255]') then return cjson.encode(s) end
-  return '"' .. s .. '"'
+  local out = JSON_TEXTS[s]
+  if out == nil then
+    if string.find(s, '[%c"\\\128-\255]') then out = cjson.encode(s) else out = '"' .. s .. '"' end
+    if JSON_TEXTS_COUNT >= 256 then JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0 end
+    JSON_TEXTS[s] = out
+    JSON_TEXTS_COUNT = JSON_TEXTS_COUNT + 1
+  end
+  return out
 end
 
 -- The answer of a plain admission (`ev` from evidence, with st, ep and optionally rel): the same

@@ -107,11 +107,16 @@ class Deployment:
         return self._client
 
     def process(self, *, register: Profile | None = None, **overrides: Any) -> Process:
+        # A round trip may take up to two seconds: a loaded CI machine stalls a process (or a
+        # node of the test cluster) for hundreds of milliseconds, and a shorter budget refuses
+        # decisions as coordination-unavailable. A lease of three seconds gives a grant 1.5 s to
+        # be taken (half the lease) before it lapses back to the pool and its waiter queues
+        # again at the back, which would reorder the lanes the fairness tests check.
         options = {
-            "lease_ttl_ms": 1_500,
+            "lease_ttl_ms": 3_000,
             "heartbeat_ms": 100,
             "recovery_grace_ms": 0,
-            "timeout_ms": 500,
+            "timeout_ms": 2_000,
             **self.settings,
             **overrides,
         }

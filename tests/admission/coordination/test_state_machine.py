@@ -14,6 +14,7 @@ import json
 import math
 import os
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
 
 from hypothesis import HealthCheck, settings
@@ -70,25 +71,44 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         ]
         self.deployment.register(self.profile)
         self.alive = [True, True, True]
+        # Heartbeats in flight, per process. A heartbeat also serves the lanes when a wake is
+        # due (a bucket refilled, a pause or a grant lapsed): one sent before a quiet point
+        # may still write a grant in Redis after it, so settling waits for them too.
+        self.beating = [0, 0, 0]
+        for index, process in enumerate(self.processes):
+            process.coordinator._heartbeat = self.counted(index, process.coordinator._heartbeat)
         self.leases: list[tuple[int, Any]] = []
         self.waiting: list[tuple[int, asyncio.Task[Any], CancelSignal]] = []
         self.redis = self.deployment.client
 
     # ------------------------------------------------------------------ helpers
 
+    def counted(self, index: int, beat: Callable[[], Awaitable[None]]) -> Any:
+        async def heartbeat() -> None:
+            self.beating[index] += 1
+            try:
+                await beat()
+            finally:
+                self.beating[index] -= 1
+
+        return heartbeat
+
     def spin(self, seconds: float = 0.005) -> None:
         self.loop.run_until_complete(asyncio.sleep(seconds))
 
     def settle(self) -> None:
         async def all_writes() -> None:
-            # Until no write is under way and no grant written to Redis is still on its way to
-            # its process's listener (the take it starts is a write too); a grant that never
-            # arrives leaves after a second, and the invariants then see it.
-            for _ in range(500):
+            # Until no call (an acquire's included), no write and no heartbeat is under way and
+            # no grant written to Redis is still on its way to its process (the take it starts
+            # is a write too): only then does Redis hold what the processes know. A grant is
+            # taken, or lapses back to the pool, within half a lease (0.45 s) and the next
+            # heartbeats; on a loaded machine that takes longer, so the wait is bounded by
+            # time, not by a number of turns.
+            while True:
                 for index, process in enumerate(self.processes):
                     if self.alive[index]:
                         await process.coordinator.settle()
-                if not self.grants_on_their_way():
+                if not self.calls_under_way() and not self.grants_on_their_way():
                     return
                 await asyncio.sleep(0.002)
 
@@ -96,8 +116,19 @@ class CoordinatedAdmission(RuleBasedStateMachine):
             self.loop.run_until_complete(asyncio.wait_for(all_writes(), 20))
         except TimeoutError:
             stuck = [t for p in self.processes for t in p.coordinator._background]
-            raise AssertionError(f"writes did not settle: {stuck}") from None
+            raise AssertionError(
+                f"in 20 s, writes did not settle ({stuck}), a call did not end or a grant was "
+                "neither taken nor lapsed"
+            ) from None
         self.collect()
+
+    def calls_under_way(self) -> bool:
+        for index, process in enumerate(self.processes):
+            if self.alive[index] and (
+                self.beating[index] or sum(process.coordinator._inflight.values())
+            ):
+                return True
+        return False
 
     def grants_on_their_way(self) -> bool:
         live = {self.processes[i].coordinator.process_id for i in range(3) if self.alive[i]}
@@ -149,7 +180,9 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         controller = self.processes[process].controller()
         item = request(principal, provider, budget, signal=signal, tokens=tokens)
         task = self.loop.create_task(controller.acquire(item))
-        for _ in range(200):
+        # Until its answer is read: admitted or refused, or queued. (A loaded machine may take
+        # a while; the bound only keeps a hang from lasting forever.)
+        for _ in range(6000):
             if task.done() or any(
                 w.ticket.request is item and w.state == "queued"
                 for w in self.processes[process].coordinator.waiters.values()
