@@ -10,13 +10,14 @@ for four processes: admission decisions per second and acquire latency under tha
 script calls (round trips) per acquire and per release, counted by the client and by Redis's own
 command statistics; and Redis memory per principal with a waiter, at 10 000 principals.
 
-`--anchors` measures, interleaved in one run on one Redis and the same client (redis-py's
-asyncio client): the round trip of a function that does nothing (FCALL), a hit of `limits`'
-sliding-window counter (its Redis strategy), and a whole Sluice decision (acquire, then
-release): acquire p50 with one caller, Redis time per hit or decision (INFO commandstats), and
-hits or decisions per second with 1 process x 8 callers and 4 processes x 8 callers; function or
-script calls and the `redis.call`s inside them per hit or decision, Sluice's round trips per
-decision, and the four ratios against their targets.
+`--anchors` measures, interleaved in one run on one Redis: the round trip of a function that
+does nothing (FCALL) through redis-py's asyncio client and through the pipelined connection
+Sluice's decisions use (admission/coordination/wire.py), a hit of `limits`' sliding-window
+counter (its Redis strategy, on redis-py's asyncio client), and a whole Sluice decision
+(acquire, then release): acquire p50 with one caller, Redis time per hit or decision (INFO
+commandstats), and hits or decisions per second with 1 process x 8 callers and 4 processes x 8
+callers; function or script calls and the `redis.call`s inside them per hit or decision,
+Sluice's round trips per decision, and the four ratios against their targets.
 `--cluster` measures on a Redis Cluster (one it starts on loopback unless `--redis` names one):
 nodes touched per decision, and decisions per second with the load on one shard and spread over
 three (see coordination_cluster.py). Asserts nothing.
@@ -211,11 +212,17 @@ def redis_usec_between(before: dict, after: dict, names: tuple[str, ...]) -> int
     return total
 
 
-async def noop_loop(url: str, seconds: float, callers: int) -> dict:
+async def noop_loop(url: str, seconds: float, callers: int, *, wire: bool = False) -> dict:
+    """No-op FCALLs through redis-py's asyncio client, or (`wire`) through the pipelined
+    connection Sluice's decisions use (admission/coordination/wire.py)."""
     import redis.asyncio as aioredis
+
+    from admission.coordination.wire import Wire, command
 
     client = aioredis.Redis.from_url(url)
     await client.function_load(NOOP_LIBRARY, replace=True)
+    link = Wire(url, timeout_s=5.0, connect_timeout_s=5.0)
+    packed = command("FCALL", "sluice_bench_noop", 0)
     latencies: list[float] = []
     done = 0
     deadline = time.perf_counter() + seconds
@@ -224,7 +231,10 @@ async def noop_loop(url: str, seconds: float, callers: int) -> dict:
         nonlocal done
         while time.perf_counter() < deadline:
             started = time.perf_counter()
-            await client.fcall("sluice_bench_noop", 0)
+            if wire:
+                await link.call(packed)
+            else:
+                await client.fcall("sluice_bench_noop", 0)
             latencies.append((time.perf_counter() - started) * 1e6)
             done += 1
 
@@ -232,6 +242,7 @@ async def noop_loop(url: str, seconds: float, callers: int) -> dict:
     await asyncio.gather(*(caller() for _ in range(callers)))
     elapsed = time.perf_counter() - started
     await client.aclose()
+    await link.aclose()
     return {"decisions": done, "seconds": elapsed, "latencies": latencies}
 
 
@@ -264,12 +275,16 @@ async def limits_loop(url: str, seconds: float, callers: int) -> dict:
 def anchor_process(
     kind: str, url: str, prefix: str, seconds: float, callers: int, queue: Any
 ) -> None:
+    cpu = time.process_time()
     if kind == "sluice":
-        queue.put(one_process(url, prefix, seconds, callers))
+        result = one_process(url, prefix, seconds, callers)
     elif kind == "limits":
-        queue.put(asyncio.run(limits_loop(url, seconds, callers)))
+        result = asyncio.run(limits_loop(url, seconds, callers))
     else:
-        queue.put(asyncio.run(noop_loop(url, seconds, callers)))
+        result = asyncio.run(noop_loop(url, seconds, callers, wire=kind == "noop-wire"))
+    # The client's CPU (user and system) for the whole run, setup and teardown included.
+    result["cpu"] = time.process_time() - cpu
+    queue.put(result)
 
 
 def run_kind(
@@ -295,6 +310,7 @@ def run_kind(
         "seconds": max(r["seconds"] for r in results),
         "latencies": [v for r in results for v in r["latencies"]],
         "round_trips": trips,
+        "cpu": sum(r.get("cpu", 0.0) for r in results),
     }
 
 
@@ -327,7 +343,7 @@ def anchors(url: str, seconds: float, callers: int) -> None:
     client = redis.Redis.from_url(url)
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     rows: dict[str, dict[str, float]] = {}
-    for kind in ("noop", "limits", "sluice"):
+    for kind in ("noop", "noop-wire", "limits", "sluice"):
         alone = run_kind(kind, url, prefix, seconds, 1, 1)
         before = command_usec(client)
         loaded = run_kind(kind, url, prefix, seconds, callers, 1)
@@ -339,6 +355,7 @@ def anchors(url: str, seconds: float, callers: int) -> None:
         rows[kind] = {
             "p50": percentile(alone["latencies"], 0.5),
             "redis_us": usec / ops,
+            "client_us": loaded["cpu"] * 1e6 / ops,
             "one": loaded["decisions"] / loaded["seconds"],
             "four": spread["decisions"] / spread["seconds"],
             "scripts": script_calls_between(before, after) / ops,
@@ -352,18 +369,20 @@ def anchors(url: str, seconds: float, callers: int) -> None:
     for key in client.scan_iter("LIMITS*", count=5000):
         client.delete(key)
     print(
-        f"{'':<34}{'p50 µs (1 caller)':>18}{'Redis µs/op':>13}"
+        f"{'':<34}{'p50 µs (1 caller)':>18}{'Redis µs/op':>13}{'client CPU µs/op':>18}"
         f"{f'ops/s 1x{callers}':>14}{f'ops/s 4x{callers}':>14}"
         f"{'FCALLs/op':>11}{'redis.calls/op':>16}"
     )
     labels = {
         "noop": "no-op FCALL",
+        "noop-wire": "no-op FCALL, Sluice's connection",
         "limits": "limits sliding-window counter hit",
         "sluice": "Sluice decision (acquire+release)",
     }
     for kind, row in rows.items():
         print(
             f"{labels[kind]:<34}{row['p50']:>18,.0f}{row['redis_us']:>13,.1f}"
+            f"{row['client_us']:>18,.1f}"
             f"{row['one']:>14,.0f}{row['four']:>14,.0f}"
             f"{row['scripts']:>11.2f}{row['calls']:>16.2f}"
         )
@@ -387,6 +406,10 @@ def anchors(url: str, seconds: float, callers: int) -> None:
         return f"{ratios[name]:.2f}x (target {sign} {TARGETS[name]}x: {outcome})"
 
     print(f"ratio acquire p50 / no-op FCALL p50:             {verdict('p50', False)}")
+    print(
+        f"  (on Sluice's own connection the no-op takes {rows['noop-wire']['p50']:,.0f} µs: "
+        f"{sluice['p50'] / rows['noop-wire']['p50']:.2f}x)"
+    )
     print(f"ratio Redis time per decision / per limits hit:  {verdict('redis', False)}")
     print(f"ratio decisions/s / limits hits/s, 1x{callers}:          {verdict('one', True)}")
     print(f"ratio decisions/s / limits hits/s, 4x{callers}:          {verdict('four', True)}")

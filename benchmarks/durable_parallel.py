@@ -2,7 +2,7 @@
 
 Run:  DATABASE_URL=postgres://... CELERY_BROKER_URL=redis://... \\
       .venv/bin/python benchmarks/durable_parallel.py [--decisions 40] [--latency-ms 300]
-      [--ceiling 8] [--repeat 3] [--no-trace] [--service-only]
+      [--ceiling 8] [--repeat 3] [--no-trace] [--service-only | --engine-only]
 
 1. Through the service (PostgreSQL + Redis, a real web server and worker, a loopback
    OpenAI-compatible provider answering after `--latency-ms`): one evaluation of `--decisions`
@@ -19,10 +19,13 @@ Run:  DATABASE_URL=postgres://... CELERY_BROKER_URL=redis://... \\
    an answer and the next call on its permit, and after the last answer (receipt close, result
    write, the client noticing), each as median and p90 over the calls.
 2. In this process, on a throwaway PostgreSQL database, the same evaluation through the engine
-   with the database receipt store and a thread pool as a worker has: how long each call waited
-   for its slot to become durable before its adapter call (p50/p99), the same for a bare
-   single-row INSERT in autocommit on the same database (the floor of any durable write there),
-   and writes per decision, slot writes and document writes counted apart.
+   with the database receipt store and a thread pool as a worker has, twice: slot writes on the
+   pool's threads, and sent from the event loop on connections of its own (as a worker sends
+   them); each after a first run that opens the connections. For each: how long each call
+   waited for its slot to become durable before its adapter call (p50/p99), and writes per
+   decision, slot writes and document writes counted apart. Then the floor of any durable write
+   there: a bare single-row INSERT in autocommit, timed in a pool thread, awaited from the loop
+   through the pool, and sent from the loop on its own connection.
 
 Figures only; no bounds. Skips the service part when DATABASE_URL / CELERY_BROKER_URL do not
 point at PostgreSQL and Redis.

@@ -280,6 +280,8 @@ class Written:
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Written:
+        if len(raw) == 1:
+            return cls(str(raw["st"]))  # the status alone (most releases carried by an acquire)
         return cls(str(raw["st"]), Figures.parse(raw))
 
 

@@ -40,6 +40,21 @@ def supports(url: str) -> bool:
     return url.startswith(("redis://", "unix://"))
 
 
+# Error answers that say the server cannot serve the connection yet (or at all), which callers
+# treat as a lost connection, as redis-py does; every other error answer is a `ResponseError`.
+_CONNECTION_ERRORS: dict[str, type[redis.ConnectionError]] = {
+    "LOADING": redis.BusyLoadingError,
+    "NOAUTH": redis.AuthenticationError,
+    "WRONGPASS": redis.AuthenticationError,
+}
+
+
+def _error(reply: redis.ResponseError) -> redis.RedisError:
+    message = str(reply)
+    kind = _CONNECTION_ERRORS.get(message.partition(" ")[0])
+    return reply if kind is None else kind(message)
+
+
 def command(*args: str | bytes | int | float) -> bytes:
     """One command in Redis's protocol."""
     # (hiredis's stubs type the tuple as one item long.)
@@ -65,6 +80,8 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        if self.closed:
+            transport.abort()  # given up on while it was being opened
 
     def data_received(self, data: bytes) -> None:
         reader = self._reader
@@ -81,7 +98,7 @@ class _Connection(asyncio.Protocol):
                 if future.done():
                     continue  # its caller was cancelled: the answer is dropped
                 if isinstance(reply, redis.ResponseError):
-                    future.set_exception(reply)
+                    future.set_exception(_error(reply))
                 else:
                     future.set_result(reply)
         except (hiredis.ProtocolError, redis.ConnectionError) as error:
@@ -155,7 +172,8 @@ class _Connection(asyncio.Protocol):
         while pending:
             future = pending.popleft()[0]
             if not future.done():
-                future.set_exception(error)
+                # One exception per caller: each raises (and chains) its own.
+                future.set_exception(type(error)(*error.args))
 
 
 class Wire:

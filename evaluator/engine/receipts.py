@@ -616,7 +616,9 @@ class ReceiptJournal:
         # The slot writes under way (and those gathered this turn) go first: each holds a call
         # back until it lands, while nobody waits on a record. Once, not in a loop: slots marked
         # from now on go beside this write, which waits for one slot write at most.
-        await self._slots_landed()
+        # The slots gathered this turn are written at its end, as usual, and waited for too.
+        for write in {id(w): w for w in self._slot_flights.values()}.values():
+            await asyncio.shield(write.landed)
         # A slot is removed only once it is durable (else its late write would outlive it).
         while any(k in self._slot_flights for k in self._settled):
             await self._slots_landed(list(self._settled))

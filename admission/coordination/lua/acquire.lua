@@ -13,7 +13,7 @@ if done then return done end
 local released = nil
 local nrel = tonumber(ARGV[21]) or 0
 local pid, prov = ARGV[11], ARGV[12]
-local fields = {'W', 'P:' .. pid, 'V:' .. prov, 'rsv'}
+local fields = {'W', key_p(pid), key_v(prov), 'rsv'}
 if nrel > 0 then
   -- The leases' limits and scopes are read with this request's own.
   released = release_many(22, nrel, fields, {key_p(pid), key_v(prov), key_x(prov, pid)})
@@ -79,11 +79,14 @@ local function refuse(reason)
 end
 local reason = budgets_reason(w, lp, lw, lv)
 if reason then return refuse(reason) end
-local lane = lane_of(w.prov, w.pid)
-local qk = lane_key(lane)
 local verdict, at, hold
 verdict = 'defer'
+local lane, qk
 -- Nobody queued in the workspace: no lane to look at.
+if sw.q > 0 then
+  lane = lane_of(w.prov, w.pid)
+  qk = lane_key(lane)
+end
 if sw.q == 0 or redis.call('LLEN', qk) == 0 then
   verdict, reason, at, hold = dispatch_check(w, lp, lw, lv)
   if verdict == 'admit' then
@@ -97,6 +100,10 @@ if sw.q == 0 or redis.call('LLEN', qk) == 0 then
   if verdict == 'reject' then return refuse(reason) end
 end
 if queue_full(w, lp, lw, lv) then return refuse('queue-full') end
+if lane == nil then
+  lane = lane_of(w.prov, w.pid)
+  qk = lane_key(lane)
+end
 -- Queued: it expires at its own deadline or dwell limit, whichever comes first.
 local dwell, deadline = tonumber(ARGV[17]), tonumber(ARGV[18])
 if deadline ~= nil and (dwell == nil or deadline <= dwell) then

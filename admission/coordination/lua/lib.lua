@@ -88,15 +88,43 @@ local function is_idle(a, q, h)
 end
 
 -- Whole numbers below 2^53 print exactly as integers; others keep 17 significant digits.
+-- Small whole numbers as text and short texts as numbers, kept between calls (counts repeat;
+-- the conversions depend on the value alone).
+local INT_TEXT = {}
+local SHORT_NUM, SHORT_NUM_COUNT = {}, 0
+
 local function num(v)
   if v == NOW then
     if NOW_TEXT == nil then NOW_TEXT = string.format('%.17g', NOW) end
     return NOW_TEXT
   end
+  if v >= 0 and v < 1024 then
+    local text = INT_TEXT[v]
+    if text ~= nil then return text end
+    if v == floor(v) then
+      text = string.format('%d', v)
+      INT_TEXT[v] = text
+      return text
+    end
+  end
   if v == floor(v) and v < 9007199254740992 and v > -9007199254740992 then
     return string.format('%d', v)
   end
   return string.format('%.17g', v)
+end
+
+-- A stored number's text as a number; short texts (counts, small levels) from the cache.
+local function stored_num(text)
+  if #text > 6 then return tonumber(text) end
+  local v = SHORT_NUM[text]
+  if v == nil then
+    v = tonumber(text)
+    if v == nil then return nil end
+    if SHORT_NUM_COUNT >= 4096 then SHORT_NUM, SHORT_NUM_COUNT = {}, 0 end
+    SHORT_NUM[text] = v
+    SHORT_NUM_COUNT = SHORT_NUM_COUNT + 1
+  end
+  return v
 end
 
 local function pack_scope(s)
@@ -136,7 +164,7 @@ local function unpack_scope(raw, s)
     local piece = string.sub(raw, pos, (comma or 0) - 1)
     if piece ~= '' then
       local f = FIELDS[i]
-      if TEXT[f] then s[f] = piece else s[f] = tonumber(piece) end
+      if TEXT[f] then s[f] = piece else s[f] = stored_num(piece) end
     end
     if not comma then return end
     pos = comma + 1
@@ -225,17 +253,32 @@ local function use_ws(ws)
   ALIVE = {}
 end
 
--- A call starts from nothing: no state is carried from one call to the next.
+-- The header's settings as numbers, by their text (a deployment sends the same few texts).
+local SETTINGS, SETTINGS_COUNT = {}, 0
+
+local function setting(text)
+  local v = SETTINGS[text]
+  if v == nil then
+    v = tonumber(text)
+    if SETTINGS_COUNT >= 256 then SETTINGS, SETTINGS_COUNT = {}, 0 end
+    SETTINGS[text] = v
+    SETTINGS_COUNT = SETTINGS_COUNT + 1
+  end
+  return v
+end
+
+-- A call starts from nothing: no decision state is carried from one call to the next (what is
+-- kept is derived from the arguments' and the profile's text alone: names, parsed limits).
 local function begin(args)
   floor, max, min = math.floor, math.max, math.min
   ARGV = args
   PFX = args[1]
-  IDLE_TTL = tonumber(args[3])
+  IDLE_TTL = setting(args[3])
   PROC = args[4]
-  PROC_TTL = tonumber(args[5])
+  PROC_TTL = setting(args[5])
   KNOWN_EPOCH = args[6]
-  GRACE = tonumber(args[7])
-  BUDGET_TTL = tonumber(args[8])
+  GRACE = setting(args[7])
+  BUDGET_TTL = setting(args[8])
   GRANT_TTL = PROC_TTL / 2
   local t = redis.call('TIME')
   NOW = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -1202,10 +1245,19 @@ local function reply(t)
   return cjson.encode(t)
 end
 
--- A string as JSON, written directly when it needs no escaping (ids usually do not).
+-- A string as JSON, written directly when it needs no escaping (ids usually do not). Kept
+-- between calls for the few texts it is asked for (epochs).
+local JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0
+
 local function json_text(s)
-  if string.find(s, '[%c"\\\128-\255]') then return cjson.encode(s) end
-  return '"' .. s .. '"'
+  local out = JSON_TEXTS[s]
+  if out == nil then
+    if string.find(s, '[%c"\\\128-\255]') then out = cjson.encode(s) else out = '"' .. s .. '"' end
+    if JSON_TEXTS_COUNT >= 256 then JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0 end
+    JSON_TEXTS[s] = out
+    JSON_TEXTS_COUNT = JSON_TEXTS_COUNT + 1
+  end
+  return out
 end
 
 -- The answer of a plain admission (`ev` from evidence, with st, ep and optionally rel): the same
@@ -1223,8 +1275,8 @@ local function reply_admit(ev)
     rel = ',"rel":[' .. table.concat(items, ',') .. ']'
   end
   flush()
-  return '{"st":"admit","a":' .. string.format('%d', ev.a) .. ',"q":' .. string.format('%d', ev.q)
-    .. ',"rp":' .. string.format('%d', ev.rp) .. ',"bs":"' .. ev.bs .. '","ep":' .. json_text(ev.ep)
+  return '{"st":"admit","a":' .. num(ev.a) .. ',"q":' .. num(ev.q)
+    .. ',"rp":' .. num(ev.rp) .. ',"bs":"' .. ev.bs .. '","ep":' .. json_text(ev.ep)
     .. rel .. '}'
 end
 

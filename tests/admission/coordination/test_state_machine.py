@@ -180,7 +180,9 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         controller = self.processes[process].controller()
         item = request(principal, provider, budget, signal=signal, tokens=tokens)
         task = self.loop.create_task(controller.acquire(item))
-        for _ in range(200):
+        # Until its answer is read: admitted or refused, or queued. (A loaded machine may take
+        # a while; the bound only keeps a hang from lasting forever.)
+        for _ in range(6000):
             if task.done() or any(
                 w.ticket.request is item and w.state == "queued"
                 for w in self.processes[process].coordinator.waiters.values()

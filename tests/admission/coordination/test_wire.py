@@ -170,6 +170,17 @@ async def test_an_error_answer_fails_its_own_call_only() -> None:
 
 
 @synchronous
+async def test_a_server_still_loading_its_data_is_a_connection_error() -> None:
+    async with fake(
+        lambda request: b"-LOADING Redis is loading the dataset in memory\r\n"
+    ) as server:
+        link = wire(server)
+        with pytest.raises(redis.ConnectionError):
+            await link.call(command("ECHO", "x"))
+        await link.aclose()
+
+
+@synchronous
 async def test_a_silent_server_times_calls_out_and_the_next_call_opens_a_new_connection() -> None:
     silent = True
 
