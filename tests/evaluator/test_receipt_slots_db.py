@@ -345,3 +345,31 @@ def test_a_slot_connection_the_server_dropped_is_replaced_at_the_next_write(pool
     dropped, document = run_closing(store, main())
     assert dropped == 1
     assert sorted(slot["decisionIndex"] for slot in document["pendingDispatches"]) == [0, 1]
+
+
+def test_slot_writes_from_the_loop_never_queue_behind_the_pools_threads(pool):
+    """With every pool thread busy (document and result writes of other runs, say), a slot sent
+    from the loop still becomes durable, and the call it holds back can start."""
+    store = DatabaseReceiptStore(pool, direct_slots=2)
+    release = threading.Event()
+    busy = threading.Barrier(9)
+
+    def occupy() -> None:
+        busy.wait(10)
+        release.wait(30)
+
+    async def main():
+        journal = await open_journal(store, "inv-busy-pool", 4)
+        held = [pool.submit(occupy) for _ in range(8)]
+        try:
+            await asyncio.to_thread(busy.wait, 10)
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(journal.mark_dispatch(i, attempt(i)) for i in range(4)))
+        finally:
+            release.set()
+            for future in held:
+                future.result(10)
+        return await asyncio.to_thread(stored, "inv-busy-pool")
+
+    document = run_closing(store, main())
+    assert sorted(slot["decisionIndex"] for slot in document["pendingDispatches"]) == [0, 1, 2, 3]

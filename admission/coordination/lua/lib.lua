@@ -88,15 +88,43 @@ local function is_idle(a, q, h)
 end
 
 -- Whole numbers below 2^53 print exactly as integers; others keep 17 significant digits.
+-- Small whole numbers as text and short texts as numbers, kept between calls (counts repeat;
+-- the conversions depend on the value alone).
+local INT_TEXT = {}
+local SHORT_NUM, SHORT_NUM_COUNT = {}, 0
+
 local function num(v)
   if v == NOW then
     if NOW_TEXT == nil then NOW_TEXT = string.format('%.17g', NOW) end
     return NOW_TEXT
   end
+  if v >= 0 and v < 1024 then
+    local text = INT_TEXT[v]
+    if text ~= nil then return text end
+    if v == floor(v) then
+      text = string.format('%d', v)
+      INT_TEXT[v] = text
+      return text
+    end
+  end
   if v == floor(v) and v < 9007199254740992 and v > -9007199254740992 then
     return string.format('%d', v)
   end
   return string.format('%.17g', v)
+end
+
+-- A stored number's text as a number; short texts (counts, small levels) from the cache.
+local function stored_num(text)
+  if #text > 6 then return tonumber(text) end
+  local v = SHORT_NUM[text]
+  if v == nil then
+    v = tonumber(text)
+    if v == nil then return nil end
+    if SHORT_NUM_COUNT >= 4096 then SHORT_NUM, SHORT_NUM_COUNT = {}, 0 end
+    SHORT_NUM[text] = v
+    SHORT_NUM_COUNT = SHORT_NUM_COUNT + 1
+  end
+  return v
 end
 
 local function pack_scope(s)
@@ -136,7 +164,7 @@ local function unpack_scope(raw, s)
     local piece = string.sub(raw, pos, (comma or 0) - 1)
     if piece ~= '' then
       local f = FIELDS[i]
-      if TEXT[f] then s[f] = piece else s[f] = tonumber(piece) end
+      if TEXT[f] then s[f] = piece else s[f] = stored_num(piece) end
     end
     if not comma then return end
     pos = comma + 1
@@ -1247,8 +1275,8 @@ local function reply_admit(ev)
     rel = ',"rel":[' .. table.concat(items, ',') .. ']'
   end
   flush()
-  return '{"st":"admit","a":' .. string.format('%d', ev.a) .. ',"q":' .. string.format('%d', ev.q)
-    .. ',"rp":' .. string.format('%d', ev.rp) .. ',"bs":"' .. ev.bs .. '","ep":' .. json_text(ev.ep)
+  return '{"st":"admit","a":' .. num(ev.a) .. ',"q":' .. num(ev.q)
+    .. ',"rp":' .. num(ev.rp) .. ',"bs":"' .. ev.bs .. '","ep":' .. json_text(ev.ep)
     .. rel .. '}'
 end
 
