@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from admission.coordination.protocol import parse_scope
 from admission.core import AdmissionRejected, CancelSignal, Profile
 from tests.admission.coordination.conftest import WORKSPACE, Deployment, request
 from tests.private_services import PrivateRedis
@@ -204,14 +205,35 @@ class StallingRedis(RuleBasedStateMachine):
                 raise AssertionError(f"grants nobody holds after {BOUND_S} s: {orphans} {waiters}")
             self.spin(0.02)
 
+    def snapshot(
+        self,
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], dict[str, dict[str, str]]]:
+        """The leases, the waiters and the principals' scope records as of one moment.
+
+        Calls sent into the frozen Redis (some on connections it accepts only once it thaws) still
+        run while the invariants read, so the three are read in one transaction: read one by one,
+        a withdraw running between them would show a lease next to counters that no longer
+        count it."""
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.deployment.key("L"))
+            pipe.hgetall(self.deployment.key("W"))
+            pipe.hmget(self.deployment.key("s"), ["P:alice", "P:bob"])
+            raw_leases, raw_waiters, raw_scopes = pipe.execute()
+        leases = {key: json.loads(value) for key, value in raw_leases.items()}
+        waiters = {key: json.loads(value) for key, value in raw_waiters.items()}
+        scopes = {
+            principal: parse_scope(raw)
+            for principal, raw in zip(("alice", "bob"), raw_scopes, strict=True)
+        }
+        return leases, waiters, scopes
+
     @invariant()
     def the_ceiling_holds_and_counters_are_what_is_held(self) -> None:
-        leases = self.stored("L")
-        waiters = self.stored("W")
+        leases, waiters, scopes = self.snapshot()
         assert len(leases) <= CEILING, leases
         active = Counter(lease["pid"] for lease in leases.values())
         for principal in ("alice", "bob"):
-            scope = self.deployment.scope(f"P:{principal}")
+            scope = scopes[principal]
             queued = sum(1 for w in waiters.values() if w["pid"] == principal)
             assert int(scope.get("a", 0)) == active[principal], (principal, scope, leases)
             assert int(scope.get("q", 0)) == queued, (principal, scope, waiters)
