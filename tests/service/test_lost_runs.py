@@ -109,11 +109,16 @@ def test_runs_queued_when_redis_restarts_all_run(tmp_path: Path, provider: Loopb
     full_mode_urls()
     redis = PrivateRedis()
     deployment = Deployment(tmp_path, "full", broker_url=redis.url)
+    # The calls stay at the provider until Redis has restarted: the worker holds as many runs
+    # as it may (four times its two slots) and the others wait in the backlog, their doorbells
+    # in Redis, however slowly a loaded machine submits them (otherwise the first runs may end
+    # and the worker claim every run before the restart).
+    released = threading.Event()
+    provider.default = Reply(hold=released, delay=0.3)
     try:
         _use(deployment, provider)
         deployment.setup()
         deployment.start_web()
-        # Two slots: most runs wait in the backlog, their doorbells in Redis.
         deployment.start_worker({"SLUICE_WORKER_SLOTS": "2"})
         runs = _submit_many(deployment, 12, 2)
         queue = deployment.env["SLUICE_CELERY_QUEUE"]
@@ -126,11 +131,13 @@ def test_runs_queued_when_redis_restarts_all_run(tmp_path: Path, provider: Loopb
 
         assert redis_client.Redis.from_url(redis.url).llen(queue) == 0
         assert "queued" in _statuses(deployment).values()
+        released.set()
 
         _wait_all_terminal(deployment, runs, BOUND_SECONDS - (time.monotonic() - restarted))
         _assert_each_decision_sent_at_most_once(provider, runs, 2)
         _assert_settled(deployment, runs)
     finally:
+        released.set()
         deployment.stop()
         redis.destroy()
 
