@@ -711,6 +711,7 @@ class CoordinatedController:
         reason = decision.reason
         if reason and self._registry.reports_decisions:
             self._registry.report_decision("defer", reason, request, None)
+        self._coordinator.listen(self.workspace_id)
         self._arm_expiry(waiter, loop)
         if request.signal is not None:
             if request.signal.cancelled:

@@ -52,7 +52,7 @@ from admission.coordination.protocol import (
 )
 from admission.coordination.scripts import function_name, is_missing_function, library_code
 from admission.coordination.settings import CoordinationSettings
-from admission.coordination.waiters import ProcessBook, Waiter
+from admission.coordination.waiters import QUEUED, ProcessBook, Waiter
 from admission.coordination.wire import Wire, command, supports
 
 if TYPE_CHECKING:
@@ -63,6 +63,10 @@ logger = logging.getLogger(__name__)
 
 # How long the grant listener blocks per read; it never polls faster than this when idle.
 LISTEN_BLOCK_SECONDS = 1.0
+# Blocking connections one process holds for grants, per node: one per hash slot where a waiter
+# of the process waits, at most this many (a slot beyond it is listened to once one frees up;
+# meanwhile its grants reach their waiters through the heartbeat's audit).
+LISTEN_CONNECTIONS = 16
 # A process that has not renewed its lease for this share of the TTL stops trusting it.
 LEASE_DOUBT_SHARE = 0.8
 # Connections one process opens for decisions (the heartbeat and the listener have their own).
@@ -149,10 +153,11 @@ class RedisCoordinator:
         self._listen_client: AsyncClient | None = None
         self._sync_client: SyncClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        # Grant listeners by hash slot (one slot, None, on a single Redis), and the workspaces
-        # whose grant lists each one watches.
+        # Grant listeners by hash slot (one slot, None, on a single Redis), while a waiter of
+        # this process waits there, and the grant lists each one blocks on now.
         self._listeners: dict[int | None, asyncio.Task[None]] = {}
-        self._watched: dict[int | None, set[str]] = {}
+        self._heard: dict[int | None, set[str]] = {}
+        self._groups: dict[str, int | None] = {}
         self._background: set[asyncio.Task[Any]] = set()
         self._resync_lock: asyncio.Lock | None = None
         self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
@@ -200,7 +205,6 @@ class RedisCoordinator:
     def controller(self, registry: AdmissionRegistry, profile: Profile) -> CoordinatedController:
         controller = CoordinatedController(registry, profile, self)
         self.controllers[profile.workspace_id] = controller
-        self._watch(profile.workspace_id)
         return controller
 
     # ---------------------------------------------------------------- lifecycle
@@ -276,6 +280,8 @@ class RedisCoordinator:
         self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
         self._listen_client = async_client(
             self.settings.url,
+            max_connections=LISTEN_CONNECTIONS,
+            client_name=f"sluice-grants:{self.process_id}",
             socket_timeout=LISTEN_BLOCK_SECONDS + max(timeout, 1.0),
             socket_connect_timeout=timeout,
             retry=no_retry,
@@ -286,7 +292,8 @@ class RedisCoordinator:
             loop.create_task(self._heartbeat_loop(), name="sluice-admission-heartbeat"),
         ]
         self._listeners = {}
-        for group in self._watched:
+        self._heard = {}
+        for group in {self._group_of(ws) for ws in self._waiting_workspaces()}:
             self._start_listener(group)
 
     async def aclose(self) -> None:
@@ -758,37 +765,47 @@ class RedisCoordinator:
     def _grant_key(self, workspace_id: str) -> str:
         return f"{self.settings.prefix}:{{{workspace_id}}}:g:{self.process_id}"
 
-    def _watch(self, workspace_id: str) -> None:
-        """Listen for grants for this process's waiters in the workspace (its controller was
-        created): one listener per hash slot, blocked on the grant lists of its workspaces."""
-        group = self._group(route_key(self.settings.prefix, workspace_id))
-        watched = self._watched.setdefault(group, set())
-        if workspace_id in watched:
-            return
-        before = sorted(watched)
-        watched.add(workspace_id)
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            return  # the listeners start with the loop (`_bind`)
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
-            self._watch_in_loop(group, before)
-        else:
-            loop.call_soon_threadsafe(self._watch_in_loop, group, before)
+    @property
+    def listening(self) -> set[int | None]:
+        """The hash slots where this process listens for grants now (None: a single Redis)."""
+        return {group for group, task in self._listeners.items() if not task.done()}
 
-    def _watch_in_loop(self, group: int | None, before: list[str]) -> None:
-        if self._closed:
+    def _group_of(self, workspace_id: str) -> int | None:
+        group = self._groups.get(workspace_id, -1)
+        if group == -1:
+            if len(self._groups) > 4096:
+                self._groups.clear()
+            group = self._groups[workspace_id] = self._group(
+                route_key(self.settings.prefix, workspace_id)
+            )
+        return group
+
+    def _waiting_workspaces(self) -> set[str]:
+        """Workspaces where a waiter of this process is queued (waits for a grant)."""
+        return {w.owner.workspace_id for w in self.book.waiters() if w.state == QUEUED}
+
+    def _waiting_in(self, group: int | None) -> set[str]:
+        """Workspaces of one hash slot where a waiter of this process waits."""
+        return {ws for ws in self._waiting_workspaces() if self._group_of(ws) == group}
+
+    def listen(self, workspace_id: str) -> None:
+        """A waiter of this process waits in the workspace: its grant list is listened to (on
+        the loop's thread). The listener of the workspace's hash slot starts if none runs, or is
+        woken to take the list in; it stops once no waiter of this process waits in its slot,
+        so a process holds a blocking connection per slot where it waits, not per slot of every
+        workspace it ever decided in."""
+        if self._closed or self._loop is None:
             return
+        group = self._group_of(workspace_id)
         task = self._listeners.get(group)
         if task is None or task.done():
             self._start_listener(group)
-        elif before:
+            return
+        heard = self._heard.get(group)
+        if heard and self._grant_key(workspace_id) not in heard:
             # The listener blocks on the lists it knew: an empty item wakes it to take the new
             # one in.
-            self.background(self._poke(self._grant_key(before[0])))
+            self.background(self._poke(next(iter(heard))))
 
     async def _poke(self, key: str) -> None:
         client = self._listen_client
@@ -803,7 +820,8 @@ class RedisCoordinator:
         assert loop is not None
         task = loop.create_task(self._listen_loop(group), name="sluice-admission-grants")
         self._listeners[group] = task
-        self._tasks.append(task)
+        # (Listeners come and go with waiters: the ones that ended are dropped here.)
+        self._tasks = [*(t for t in self._tasks if not t.done()), task]
 
     async def _listen_loop(self, group: int | None) -> None:
         # A cancellation swallowed by a client timeout must not keep a closed loop alive.
@@ -811,7 +829,16 @@ class RedisCoordinator:
             client = self._listen_client
             if client is None:
                 return
-            keys = [self._grant_key(ws) for ws in sorted(self._watched.get(group, ()))]
+            spaces = self._waiting_in(group)
+            if not spaces:
+                # No waiter of this process waits in this slot: stop listening there (the
+                # connection goes back to the pool). A waiter that comes starts it again.
+                if self._listeners.get(group) is asyncio.current_task():
+                    del self._listeners[group]
+                self._heard.pop(group, None)
+                return
+            keys = [self._grant_key(ws) for ws in sorted(spaces)]
+            self._heard[group] = set(keys)
             try:
                 item = await client.blpop(keys, timeout=LISTEN_BLOCK_SECONDS)
             except Exception as error:

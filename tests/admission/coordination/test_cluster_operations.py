@@ -11,6 +11,7 @@ misses it.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -19,7 +20,9 @@ from typing import Any
 
 import pytest
 
+from admission.coordination import coordinator as coordinator_module
 from admission.coordination.clients import call_keys, fence_key, registry_key, route_key, slot_of
+from admission.coordination.protocol import parse_scope
 from admission.core import AdmissionRejected, AdmissionRequest, Estimate, Profile
 from tests.admission.coordination.conftest import Deployment, run, settle, until
 from tests.admission.coordination.test_processes import Drivers, wait_for
@@ -203,3 +206,88 @@ def test_a_shard_without_a_primary_stops_the_other_shards_only_under_full_covera
         run(deployment, scenario, timeout=120)
     finally:
         cluster.destroy()
+
+
+def test_grant_connections_follow_the_slots_where_a_process_waits_within_a_bound(
+    redis_cluster: PrivateRedisCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process listens for grants with one blocking connection per hash slot where one of its
+    waiters waits, never more than `LISTEN_CONNECTIONS` per node, and none where nobody waits:
+    deciding in many workspaces costs no connection, and every waiter still gets its grant."""
+    monkeypatch.setattr(coordinator_module, "LISTEN_CONNECTIONS", 2)
+    deployment = Deployment(redis_cluster.url)
+    spaces = [f"ws-{i}" for i in range(24)]
+    holder = deployment.process()
+    waiting = deployment.process(timeout_ms=1000)
+    for ws in spaces:
+        document = {
+            "profileVersion": "v1",
+            "workspace": {"concurrency": 10},
+            "providers": {"llm": {"concurrency": 1, "maxQueueWaitMs": 60_000}},
+            "principals": {"alice": {"concurrency": 10}},
+        }
+        for process in (holder, waiting):
+            process.registry.register(Profile.from_dict(document, workspace_id=ws), sequence=1)
+    slots = {slot_of(route_key(deployment.prefix, ws)) for ws in spaces}
+    nodes = {redis_cluster.primary_of(route_key(deployment.prefix, ws)) for ws in spaces}
+
+    def decide(process: Any, ws: str) -> Any:
+        return process.controller(ws).acquire(
+            AdmissionRequest(uuid.uuid4().hex, "alice", ws, "llm", Estimate())
+        )
+
+    def connections() -> dict[int, int]:
+        """The waiting process's grant connections on each primary (not counting the one its
+        client learnt the cluster's map of slots on)."""
+        name = f"name=sluice-grants:{waiting.coordinator.process_id} "
+        return {
+            port: sum(
+                name in line and " cmd=cluster|" not in line
+                for line in redis_cluster.cli(port, "client", "list").splitlines()
+            )
+            for port in redis_cluster.primaries()
+        }
+
+    async def scenario() -> None:
+        # Decisions without a wait: nothing to listen for.
+        for ws in spaces:
+            (await decide(waiting, ws)).release(success=True)
+        await settle(deployment)
+        assert waiting.coordinator.listening == set()
+        assert sum(connections().values()) == 0
+        # A waiter in every workspace.
+        held = [await decide(holder, ws) for ws in spaces]
+        waiters = [asyncio.ensure_future(decide(waiting, ws)) for ws in spaces]
+        await until(
+            lambda: all(
+                int(
+                    parse_scope(deployment.client.hget(deployment.key("s", ws), "V:llm")).get(
+                        "q", 0
+                    )
+                )
+                == 1
+                for ws in spaces
+            ),
+            timeout=30,
+        )
+        # A listener per slot where the process waits; more of them than the connections allowed.
+        await until(lambda: waiting.coordinator.listening == slots, timeout=10)
+        assert len(slots) > 2 * len(nodes)
+        await until(lambda: sum(connections().values()) > 0, timeout=10)
+        counted = connections()
+        assert 0 < sum(counted.values()) <= 2 * len(nodes), counted
+        assert max(counted.values()) <= 2, counted
+        for lease in held:
+            lease.release(success=True)
+        granted = await asyncio.wait_for(asyncio.gather(*waiters), 60)
+        assert max(connections().values()) <= 2
+        for lease in granted:
+            lease.release(success=True)
+        await settle(deployment)
+        # Nobody waits any more: every listener stops.
+        await until(lambda: waiting.coordinator.listening == set(), timeout=10)
+
+    try:
+        run(deployment, scenario, timeout=120)
+    finally:
+        deployment.cleanup()
