@@ -34,6 +34,7 @@ from .conftest import (
 pytestmark = pytest.mark.celery
 
 BOUND_SECONDS = 60
+STALE_SECONDS = 10
 
 
 @pytest.fixture
@@ -196,6 +197,10 @@ def test_postgresql_down_longer_than_the_stale_window_strands_no_run(
     full_mode_urls()
     postgres = PrivatePostgres()
     deployment = Deployment(tmp_path, "full", database_url=postgres.url)
+    # A stale window of 10 s (heartbeats every 2 s) rather than the default 30 s: the outage
+    # only has to outlast it, and the test waits that long.
+    deployment.env["SLUICE_RUN_STALE_SECONDS"] = str(STALE_SECONDS)
+    deployment.env["SLUICE_RUN_HEARTBEAT_SECONDS"] = "2"
     try:
         _use(deployment, provider)
         deployment.setup()
@@ -211,8 +216,8 @@ def test_postgresql_down_longer_than_the_stale_window_strands_no_run(
         assert down.headers["content-type"].startswith("application/json")
         assert down.json()["error"]["type"] == "database-unavailable"
         assert down.headers["Retry-After"]
-        # Longer than the stale window (30 s), after which a heartbeat counts as lost.
-        time.sleep(35)
+        # Longer than the stale window, after which a heartbeat counts as lost.
+        time.sleep(STALE_SECONDS + 5)
         postgres.start()
         back = time.monotonic()
 
