@@ -47,7 +47,9 @@ def _in_process_admission(settings: Any) -> None:
 @pytest.fixture
 def chromium_path() -> str:
     """The Chromium that browser tests drive (SLUICE_CHROMIUM); skips when there is none."""
-    path = os.environ.get("SLUICE_CHROMIUM", "/usr/bin/chromium")
+    # An empty value (`$(command -v chromium)` where there is none) is no path: Playwright
+    # would look for a browser of its own download instead.
+    path = os.environ.get("SLUICE_CHROMIUM") or "/usr/bin/chromium"
     if not (Path(path).exists() or shutil.which(path)):
         pytest.skip(f"no Chromium at {path}")
     return path

@@ -34,6 +34,7 @@ from .conftest import (
 pytestmark = pytest.mark.celery
 
 BOUND_SECONDS = 60
+STALE_SECONDS = 10
 
 
 @pytest.fixture
@@ -109,11 +110,16 @@ def test_runs_queued_when_redis_restarts_all_run(tmp_path: Path, provider: Loopb
     full_mode_urls()
     redis = PrivateRedis()
     deployment = Deployment(tmp_path, "full", broker_url=redis.url)
+    # The calls stay at the provider until Redis has restarted: the worker holds as many runs
+    # as it may (four times its two slots) and the others wait in the backlog, their doorbells
+    # in Redis, however slowly a loaded machine submits them (otherwise the first runs may end
+    # and the worker claim every run before the restart).
+    released = threading.Event()
+    provider.default = Reply(hold=released, delay=0.3)
     try:
         _use(deployment, provider)
         deployment.setup()
         deployment.start_web()
-        # Two slots: most runs wait in the backlog, their doorbells in Redis.
         deployment.start_worker({"SLUICE_WORKER_SLOTS": "2"})
         runs = _submit_many(deployment, 12, 2)
         queue = deployment.env["SLUICE_CELERY_QUEUE"]
@@ -126,11 +132,13 @@ def test_runs_queued_when_redis_restarts_all_run(tmp_path: Path, provider: Loopb
 
         assert redis_client.Redis.from_url(redis.url).llen(queue) == 0
         assert "queued" in _statuses(deployment).values()
+        released.set()
 
         _wait_all_terminal(deployment, runs, BOUND_SECONDS - (time.monotonic() - restarted))
         _assert_each_decision_sent_at_most_once(provider, runs, 2)
         _assert_settled(deployment, runs)
     finally:
+        released.set()
         deployment.stop()
         redis.destroy()
 
@@ -189,6 +197,10 @@ def test_postgresql_down_longer_than_the_stale_window_strands_no_run(
     full_mode_urls()
     postgres = PrivatePostgres()
     deployment = Deployment(tmp_path, "full", database_url=postgres.url)
+    # A stale window of 10 s (heartbeats every 2 s) rather than the default 30 s: the outage
+    # only has to outlast it, and the test waits that long.
+    deployment.env["SLUICE_RUN_STALE_SECONDS"] = str(STALE_SECONDS)
+    deployment.env["SLUICE_RUN_HEARTBEAT_SECONDS"] = "2"
     try:
         _use(deployment, provider)
         deployment.setup()
@@ -204,8 +216,8 @@ def test_postgresql_down_longer_than_the_stale_window_strands_no_run(
         assert down.headers["content-type"].startswith("application/json")
         assert down.json()["error"]["type"] == "database-unavailable"
         assert down.headers["Retry-After"]
-        # Longer than the stale window (30 s), after which a heartbeat counts as lost.
-        time.sleep(35)
+        # Longer than the stale window, after which a heartbeat counts as lost.
+        time.sleep(STALE_SECONDS + 5)
         postgres.start()
         back = time.monotonic()
 

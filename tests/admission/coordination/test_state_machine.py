@@ -199,27 +199,30 @@ class CoordinatedAdmission(RuleBasedStateMachine):
         self.waiting.append((process, task, signal))
         self.collect()
 
-    @rule(data=st.data(), outcome=st.sampled_from([True, False, None, "retry"]))
-    def release(self, data: st.DataObject, outcome: Any) -> None:
+    # Which lease or waiter a rule acts on is drawn as a plain number, then taken modulo the
+    # ones there are: how many there are depends on Redis's timing (a loaded machine admits
+    # or queues differently), and a draw whose range followed it would make Hypothesis see
+    # two runs of the same choices draw differently (FlakyStrategyDefinition).
+    @rule(pick=st.integers(0, 15), outcome=st.sampled_from([True, False, None, "retry"]))
+    def release(self, pick: int, outcome: Any) -> None:
         self.collect()
         live = [i for i, (p, _) in enumerate(self.leases) if self.alive[p]]
         if not live:
             return
-        index = data.draw(st.sampled_from(live))
-        _, lease = self.leases.pop(index)
+        _, lease = self.leases.pop(live[pick % len(live)])
         if outcome == "retry":
             lease.release(success=False, retry_after_ms=30)
         else:
             lease.release(success=outcome, actual_tokens=10)
         self.settle()
 
-    @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
+    @rule(pick=st.integers(0, 15))
+    def cancel(self, pick: int) -> None:
         self.collect()
         live = [i for i, (p, _, _) in enumerate(self.waiting) if self.alive[p]]
         if not live:
             return
-        _, task, signal = self.waiting[data.draw(st.sampled_from(live))]
+        _, task, signal = self.waiting[live[pick % len(live)]]
         signal.cancel()
         for _ in range(200):
             if task.done():
