@@ -25,21 +25,13 @@ from admission.coordination.clients import call_keys, fence_key, registry_key, r
 from admission.coordination.protocol import parse_scope
 from admission.core import AdmissionRejected, AdmissionRequest, Estimate, Profile
 from tests.admission.coordination.conftest import Deployment, run, settle, until
-from tests.admission.coordination.test_processes import Drivers, wait_for
+from tests.admission.coordination.test_processes import Drivers, document, wait_for
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedisCluster
 
 SETTINGS = {"lease_ttl_ms": 6000, "heartbeat_ms": 100, "recovery_grace_ms": 400, "timeout_ms": 300}
 CEILING = 2
-
-
-def _profile() -> dict[str, object]:
-    return {
-        "profileVersion": "reshard-v1",
-        "workspace": {"concurrency": 50},
-        "providers": {"llm": {"concurrency": CEILING, "maxQueueWaitMs": 1500}},
-        "principals": {"alice": {"concurrency": 50}, "bob": {"concurrency": 50}},
-    }
+PROFILE = document({"concurrency": CEILING, "maxQueueWaitMs": 1500}, "reshard-v1")
 
 
 @pytest.fixture
@@ -58,7 +50,7 @@ def test_a_slot_moved_to_a_new_primary_under_load_keeps_every_ceiling(
     cluster = small_cluster
     with LoopbackServer() as provider:
         provider.default = Reply(delay=0.05)
-        drivers = Drivers(tmp_path, cluster.url, provider.base_url, _profile())
+        drivers = Drivers(tmp_path, cluster.url, provider.base_url, PROFILE)
         key = route_key(drivers.prefix, "ws")
         slot = slot_of(key)
         source = cluster.primary_of(key)

@@ -39,21 +39,13 @@ from tests.admission.coordination.conftest import (
     settle,
     until,
 )
-from tests.admission.coordination.test_processes import Drivers, wait_for
+from tests.admission.coordination.test_processes import Drivers, document, wait_for
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedisCluster
 
 SETTINGS = {"lease_ttl_ms": 12000, "heartbeat_ms": 100, "recovery_grace_ms": 400, "timeout_ms": 300}
 CEILING = 2
-
-
-def _profile() -> dict[str, object]:
-    return {
-        "profileVersion": "failover-v1",
-        "workspace": {"concurrency": 50},
-        "providers": {"llm": {"concurrency": CEILING, "maxQueueWaitMs": 1500}},
-        "principals": {"alice": {"concurrency": 50}, "bob": {"concurrency": 50}},
-    }
+PROFILE = document({"concurrency": CEILING, "maxQueueWaitMs": 1500}, "failover-v1")
 
 
 # How the replica takes over: an operator's `CLUSTER FAILOVER TAKEOVER` at a moment the test
@@ -85,7 +77,7 @@ def test_a_failed_primary_is_survived_and_no_ceiling_is_ever_passed(
     with LoopbackServer() as provider, LoopbackServer() as other_provider:
         provider.default = Reply(delay=0.05)
         other_provider.default = Reply(delay=0.05)
-        drivers = Drivers(tmp_path, cluster.url, provider.base_url, _profile())
+        drivers = Drivers(tmp_path, cluster.url, provider.base_url, PROFILE)
         primary = cluster.primary_of(route_key(drivers.prefix, "ws"))
         # A workspace whose slot another primary serves.
         other = next(

@@ -38,9 +38,10 @@ SETTINGS = {
 }
 
 
-def document(provider: dict[str, Any]) -> dict[str, Any]:
+def document(provider: dict[str, Any], version: str = "procs-v1") -> dict[str, Any]:
+    """The drivers' profile: wide workspace and principal limits, `provider` for `llm`."""
     return {
-        "profileVersion": "procs-v1",
+        "profileVersion": version,
         "workspace": {"concurrency": 50},
         "providers": {"llm": provider},
         "principals": {"alice": {"concurrency": 50}, "bob": {"concurrency": 50}},

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.admission.coordination.test_processes import Drivers, wait_for
+from tests.admission.coordination.test_processes import Drivers, document, wait_for
 from tests.evaluator.loopback import LoopbackServer, Reply
 from tests.private_services import PrivateRedis
 
@@ -28,18 +28,10 @@ SETTINGS = {
     "timeout_ms": 200,
 }
 CEILING = 2
+PROFILE = document({"concurrency": CEILING}, "stall-v1")
 CALLS_PER_RUN = 40
 # Scheduling slack of a loaded 2-core machine on top of the documented bound.
 SLACK_S = 1.0
-
-
-def _profile() -> dict[str, object]:
-    return {
-        "profileVersion": "stall-v1",
-        "workspace": {"concurrency": 50},
-        "providers": {"llm": {"concurrency": CEILING}},
-        "principals": {"alice": {"concurrency": 50}, "bob": {"concurrency": 50}},
-    }
 
 
 @pytest.mark.parametrize("stall_ttls", [1.5, 10.0], ids=["1.5x-ttl", "10x-ttl"])
@@ -49,7 +41,7 @@ def test_admission_resumes_after_a_redis_stall_of_any_length(
     stall_s = stall_ttls * LEASE_TTL_MS / 1000
     with LoopbackServer() as provider:
         provider.default = Reply(delay=0.05)
-        drivers = Drivers(tmp_path, private_redis.url, provider.base_url, _profile())
+        drivers = Drivers(tmp_path, private_redis.url, provider.base_url, PROFILE)
         try:
             for principal in ("alice", "bob"):
                 drivers.start(
