@@ -62,12 +62,17 @@ if ((sw.tb ~= nil and sw.tb > NOW) or sw._raw == '')
     and redis.call('EXISTS', BASE .. 't:' .. w.id) == 1 then
   return answer({st = 'reject', reason = 'cancelled', nc = 1})
 end
-local rev = preload(unpack(fields))
+local rev = REV
+if rev == nil or LIM.W == nil or LIM.rsv == nil or LIM[fields[2]] == nil
+    or LIM[fields[3]] == nil then
+  -- (Read already when a lease given back had the same scopes.)
+  rev = preload(unpack(fields))
+end
 if not rev then return answer({st = 'noprofile'}) end
 if rev ~= ARGV[9] then
   return answer({st = 'stale', rev = rev, seq = tonumber(redis.call('HGET', PROF, 'pseq'))})
 end
-local lp, lw, lv = limits('P:' .. w.pid), limits('W'), limits('V:' .. w.prov)
+local lp, lw, lv = limits(fields[2]), limits('W'), limits(fields[3])
 if not lp then return answer({st = 'reject', reason = 'unconfigured-principal', nc = 1}) end
 if not lv then return answer({st = 'reject', reason = 'unconfigured-provider', nc = 1}) end
 local function refuse(reason)
@@ -114,7 +119,7 @@ end
 if hold ~= nil and hold.h == nil then
   hold.h = w.id
   hold.ht = w.tok or 0
-  touch(hold)
+  hold._dirty = true
   w.hold = {hold._key}
 end
 redis.call('HSET', WAITERS, w.id, cjson.encode(w))
@@ -125,7 +130,7 @@ if redis.call('ZSCORE', ROT, lane) == false then
 end
 for _, s in ipairs({sp, sw, sv, sx}) do
   s.q = s.q + 1
-  touch(s)
+  s._dirty = true
 end
 if not REGISTERED then heartbeat() end
 if at ~= nil then

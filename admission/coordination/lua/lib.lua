@@ -45,7 +45,7 @@
 --   P:{ws}:tot               hash  the same, totals since the state began
 
 -- The arguments and the time of the call being served; `begin` sets them for every call.
-local ARGV, PFX, IDLE_TTL, PROC, PROC_TTL, KNOWN_EPOCH, GRACE, BUDGET_TTL, NOW
+local ARGV, PFX, IDLE_TTL, IDLE_TTL_TEXT, BUDGET_TTL_TEXT, PROC, PROC_TTL, KNOWN_EPOCH, GRACE, BUDGET_TTL, NOW
 local EPOCH_KEY, PROCS
 -- When admission in the current workspace may resume after its state was lost (server ms).
 local EPOCH_READY = nil
@@ -92,6 +92,7 @@ end
 -- the conversions depend on the value alone).
 local INT_TEXT = {}
 local SHORT_NUM, SHORT_NUM_COUNT = {}, 0
+local WHOLE_TEXT, WHOLE_TEXT_COUNT = {}, 0
 
 local function num(v)
   if v == NOW then
@@ -108,14 +109,37 @@ local function num(v)
     end
   end
   if v == floor(v) and v < 9007199254740992 and v > -9007199254740992 then
-    return string.format('%d', v)
+    -- Bucket levels at or near their capacity repeat from call to call.
+    local text = WHOLE_TEXT[v]
+    if text == nil then
+      text = string.format('%d', v)
+      if WHOLE_TEXT_COUNT >= 4096 then WHOLE_TEXT, WHOLE_TEXT_COUNT = {}, 0 end
+      WHOLE_TEXT[v] = text
+      WHOLE_TEXT_COUNT = WHOLE_TEXT_COUNT + 1
+    end
+    return text
   end
   return string.format('%.17g', v)
 end
 
--- A stored number's text as a number; short texts (counts, small levels) from the cache.
+-- A string as JSON, written directly when it needs no escaping (ids usually do not). Kept
+-- between calls for the few texts it is asked for (epochs).
+local JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0
+
+local function json_text(s)
+  local out = JSON_TEXTS[s]
+  if out == nil then
+    if string.find(s, '[%c"\\\128-\255]') then out = cjson.encode(s) else out = '"' .. s .. '"' end
+    if JSON_TEXTS_COUNT >= 256 then JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0 end
+    JSON_TEXTS[s] = out
+    JSON_TEXTS_COUNT = JSON_TEXTS_COUNT + 1
+  end
+  return out
+end
+
+-- A stored number's text as a number, from the cache (counts and levels repeat; the times a
+-- call wrote are read back by the next, several scopes holding the same one).
 local function stored_num(text)
-  if #text > 6 then return tonumber(text) end
   local v = SHORT_NUM[text]
   if v == nil then
     v = tonumber(text)
@@ -127,13 +151,24 @@ local function stored_num(text)
   return v
 end
 
+-- The values of records packed in the common shape (counts and buckets), by their text: the
+-- next call reads back what this one wrote, without parsing it (what a text holds depends on the
+-- text alone). Emptied when it holds too many.
+local UNPACKED, UNPACKED_COUNT = {}, 0
+
+local function remember(packed, values)
+  if UNPACKED_COUNT >= 4096 then UNPACKED, UNPACKED_COUNT = {}, 0 end
+  UNPACKED[packed] = values
+  UNPACKED_COUNT = UNPACKED_COUNT + 1
+end
+
 local function pack_scope(s)
-  -- The common shapes first: only the counts, or the counts and the request bucket.
-  if s.tl == nil and s.tt == nil and s.ht == nil and s.pz == nil and s.bs == nil
-      and s.bf == nil and s.bg == nil and s.bo == nil and s.bp == nil and s.pl == nil
-      and s.tb == nil and s.ox == nil and s.h == nil then
-    local a, q = s.a, s.q
-    if s.rl == nil and s.rt == nil then
+  -- The common shapes first: the counts and the buckets only.
+  if s.ht == nil and s.pz == nil and s.bs == nil and s.bf == nil and s.bg == nil
+      and s.bo == nil and s.bp == nil and s.pl == nil and s.tb == nil and s.ox == nil
+      and s.h == nil then
+    local a, q, rl, rt, tl, tt = s.a, s.q, s.rl, s.rt, s.tl, s.tt
+    if rl == nil and rt == nil and tl == nil and tt == nil then
       if q == nil or q == 0 then
         if a == nil or a == 0 then return '' end
         return num(a)
@@ -141,6 +176,28 @@ local function pack_scope(s)
       if a == nil or a == 0 then return ',' .. num(q) end
       return num(a) .. ',' .. num(q)
     end
+    local pa, pq, prl, prt, ptl = '', '', '', '', ''
+    if a ~= nil and a ~= 0 then pa = num(a) end
+    if q ~= nil and q ~= 0 then pq = num(q) end
+    if rl ~= nil then prl = num(rl) end
+    if rt ~= nil then prt = num(rt) end
+    local packed
+    if tt ~= nil then
+      if tl ~= nil then ptl = num(tl) end
+      packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. ptl .. ',' .. num(tt)
+    elseif tl ~= nil then
+      packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. num(tl)
+    elseif rt ~= nil then
+      packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt
+    else
+      packed = pa .. ',' .. pq .. ',' .. prl
+    end
+    if UNPACKED[packed] == nil then
+      if pa == '' then a = nil end
+      if pq == '' then q = nil end
+      remember(packed, {a, q, rl, rt, tl, tt})
+    end
+    return packed
   end
   local parts, last = {'', '', '', '', '', '', '', '', '', '', '', '', '', '', '', '', ''}, 0
   for i = 1, #FIELDS do
@@ -158,13 +215,25 @@ local function pack_scope(s)
 end
 
 local function unpack_scope(raw, s)
+  local known = UNPACKED[raw]
+  if known ~= nil then
+    -- Written by a call before (see remember): the values it packed.
+    local a, q, rl, rt, tl, tt = known[1], known[2], known[3], known[4], known[5], known[6]
+    if a ~= nil then s.a = a end
+    if q ~= nil then s.q = q end
+    if rl ~= nil then s.rl = rl end
+    if rt ~= nil then s.rt = rt end
+    if tl ~= nil then s.tl = tl end
+    if tt ~= nil then s.tt = tt end
+    return
+  end
   local pos, n = 1, #FIELDS
   for i = 1, n - 1 do
     local comma = string.find(raw, ',', pos, true)
     local piece = string.sub(raw, pos, (comma or 0) - 1)
     if piece ~= '' then
       local f = FIELDS[i]
-      if TEXT[f] then s[f] = piece else s[f] = stored_num(piece) end
+      if TEXT[f] then s[f] = piece else s[f] = SHORT_NUM[piece] or stored_num(piece) end
     end
     if not comma then return end
     pos = comma + 1
@@ -177,12 +246,15 @@ end
 -- expires.
 local function flush()
   if SC == nil then return end
-  local set, del, changed = {}, {}, false
+  local set, del, changed = {}, nil, false
   for name, s in pairs(SC) do
     if s._dirty then
       local packed = pack_scope(s)
       if packed ~= s._raw then
-        if packed == '' then del[#del + 1] = name else
+        if packed == '' then
+          if del == nil then del = {} end
+          del[#del + 1] = name
+        else
           set[#set + 1] = name
           set[#set + 1] = packed
         end
@@ -193,7 +265,7 @@ local function flush()
     end
   end
   if not changed then return end
-  if #del > 0 then redis.call('HDEL', STATE, unpack(del)) end
+  if del ~= nil then redis.call('HDEL', STATE, unpack(del)) end
   if #set > 0 then redis.call('HSET', STATE, unpack(set)) end
   local sw = SC['W']
   if sw == nil then
@@ -201,12 +273,12 @@ local function flush()
     local raw = redis.call('HGET', STATE, 'W')
     sw = {}
     if raw then unpack_scope(raw, sw) end
-    if is_idle(sw.a, sw.q, sw.h) then redis.call('PEXPIRE', STATE, IDLE_TTL) end
+    if is_idle(sw.a, sw.q, sw.h) then redis.call('PEXPIRE', STATE, IDLE_TTL_TEXT) end
     return
   end
   local idle = is_idle(sw.a, sw.q, sw.h)
   if idle then
-    redis.call('PEXPIRE', STATE, IDLE_TTL)
+    redis.call('PEXPIRE', STATE, IDLE_TTL_TEXT)
   elseif sw._idle then
     redis.call('PERSIST', STATE)
   end
@@ -248,21 +320,31 @@ local function use_ws(ws)
   -- Room for the scopes and limits of a decision and a lease given back, set without growing.
   LIM = {W = nil, rsv = nil, l1 = nil, l2 = nil, l3 = nil, l4 = nil, l5 = nil, l6 = nil}
   SC = {W = nil, s1 = nil, s2 = nil, s3 = nil, s4 = nil, s5 = nil, s6 = nil, s7 = nil}
-  BUD = {}
+  BUD = nil
   REV = nil
-  ALIVE = {}
+  ALIVE = nil
 end
 
--- The header's settings as numbers, by their text (a deployment sends the same few texts).
-local SETTINGS, SETTINGS_COUNT = {}, 0
+-- The header's settings as numbers, by their text (a deployment sends the same few texts),
+-- and as the whole numbers' texts Redis's commands take.
+local SETTINGS, SETTING_TEXTS, SETTINGS_COUNT = {}, {}, 0
 
 local function setting(text)
   local v = SETTINGS[text]
   if v == nil then
     v = tonumber(text)
-    if SETTINGS_COUNT >= 256 then SETTINGS, SETTINGS_COUNT = {}, 0 end
+    if SETTINGS_COUNT >= 256 then SETTINGS, SETTING_TEXTS, SETTINGS_COUNT = {}, {}, 0 end
     SETTINGS[text] = v
     SETTINGS_COUNT = SETTINGS_COUNT + 1
+  end
+  return v
+end
+
+local function setting_text(text)
+  local v = SETTING_TEXTS[text]
+  if v == nil then
+    v = string.format('%d', setting(text))
+    SETTING_TEXTS[text] = v
   end
   return v
 end
@@ -279,22 +361,30 @@ local function begin(args)
   KNOWN_EPOCH = args[6]
   GRACE = setting(args[7])
   BUDGET_TTL = setting(args[8])
+  IDLE_TTL_TEXT, BUDGET_TTL_TEXT = setting_text(args[3]), setting_text(args[8])
   GRANT_TTL = PROC_TTL / 2
+  -- The time in ms with three decimals, written from TIME's texts; NOW is that text's value, so
+  -- the text stores it exactly.
   local t = redis.call('TIME')
-  NOW = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+  local us = t[2]
+  if #us < 6 then us = string.sub('00000' .. us, -6) end
+  local text = t[1] .. string.sub(us, 1, 3)
+  local frac = string.sub(us, 4)
+  if frac ~= '000' then text = text .. '.' .. frac end
+  NOW = tonumber(text)
   EPOCH_KEY, PROCS = nil, nil
   REGISTERED = false
   WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil, nil
   OFFERS, STATE = nil, nil
-  LIM, SC, BUD = nil, nil, nil
-  REV, NOW_TEXT = nil, nil
-  ALIVE = {}
+  LIM, SC, BUD, ALIVE = nil, nil, nil, nil
+  REV, NOW_TEXT = nil, text
   RESULT_TRANSITIONS = {}
 end
 
 -- ------------------------------------------------------------------ epoch and processes
 
 local function proc_alive(proc)
+  if ALIVE == nil then ALIVE = {} end
   local alive = ALIVE[proc]
   if alive == nil then
     local score = redis.call('ZSCORE', PROCS, proc)
@@ -343,7 +433,7 @@ end
 
 local function epoch_check()
   local stored = redis.call('HMGET', EPOCH_KEY, 'id', 'ready', 'wait', 'at')
-  local id, ready = stored[1], tonumber(stored[2]) or 0
+  local id, ready = stored[1], stored[2] and stored_num(stored[2]) or 0
   if not id then
     id = PROC .. '@' .. string.format('%.0f', NOW)
     ready = NOW + GRACE
@@ -377,6 +467,7 @@ end
 -- it was not known here (a first call, or it had been given up for dead).
 local function heartbeat()
   local added = redis.call('ZADD', PROCS, string.format('%.17g', NOW + PROC_TTL), PROC)
+  if ALIVE == nil then ALIVE = {} end
   ALIVE[PROC] = true
   return added == 1
 end
@@ -557,17 +648,23 @@ end
 
 -- The four scopes of one (principal, provider) pair, loaded together.
 local function scopes_of(pid, prov)
-  local np, nv, nx = key_p(pid), key_v(prov), key_x(prov, pid)
+  local np, nv, nx = NAMES_P[pid], NAMES_V[prov], nil
+  local of = NAMES_X[prov]
+  if of ~= nil then nx = of[pid] end
+  if np == nil then np = key_p(pid) end
+  if nv == nil then nv = key_v(prov) end
+  if nx == nil then nx = key_x(prov, pid) end
   local sp, sw, sv, sx = SC[np], SC['W'], SC[nv], SC[nx]
   if sp ~= nil and sw ~= nil and sv ~= nil and sx ~= nil then return sp, sw, sv, sx end
   load_scopes({np, 'W', nv, nx})
   return SC[np], SC['W'], SC[nv], SC[nx]
 end
 
-local function touch(s) s._dirty = true end
+-- (A changed scope is marked `_dirty`; flush writes the marked ones.)
 
 local function budget(bud)
   local key = BASE .. 'b:' .. bud
+  if BUD == nil then BUD = {} end
   local b = BUD[key]
   if b == nil then
     b = {}
@@ -605,7 +702,7 @@ local function consume(s, lf, tf, cap, rate, amount)
     s[lf] = lvl
     s[tf] = NOW
   end
-  touch(s)
+  s._dirty = true
 end
 
 -- Per-minute counts of decisions by provider, decision and reason, kept two hours, and running
@@ -646,7 +743,7 @@ local function pressure_key(prov) return BASE .. 'pr:' .. prov end
 local function pressure_event(prov)
   local sv = scope(key_v(prov))
   sv.pl = NOW
-  touch(sv)
+  sv._dirty = true
   local key = pressure_key(prov)
   local n = redis.call('RPUSH', key, string.format('%.17g', NOW))
   if n > PRESSURE_CAP then redis.call('LPOP', key) end
@@ -679,7 +776,7 @@ local function transition(sv, prov, to)
     sv.bf = 0
     sv.bp = 0
   end
-  touch(sv)
+  sv._dirty = true
   local record = {providerId = prov, from = from, to = to, atEpochMs = NOW, failures = sv.bf or 0}
   redis.call('LPUSH', TRANS, cjson.encode(record))
   redis.call('LTRIM', TRANS, 0, TRANSITION_HISTORY - 1)
@@ -729,7 +826,10 @@ local function keeps_budget(lim)
 end
 
 local function budgets_reason(w, lp, lw, lv)
-  if not (keeps_budget(lp) or keeps_budget(lw) or keeps_budget(lv)) then return nil end
+  if lp.ma == nil and lp.mc == nil and lp.mt == nil and lw.ma == nil and lw.mc == nil
+      and lw.mt == nil and lv.ma == nil and lv.mc == nil and lv.mt == nil then
+    return nil
+  end
   local b = budget(w.bud)
   return budget_reason(b, budget_field('P', w.pid), lp, w)
     or budget_reason(b, 'W', lw, w)
@@ -791,7 +891,7 @@ local function dispatch_check(w, lp, lw, lv)
           need = need + (s.ht or 0)
         else
           s.h, s.ht = nil, nil -- the holder is gone (its process died or the state moved on)
-          touch(s)
+          s._dirty = true
         end
       end
       local rate = tps / 1000
@@ -840,10 +940,27 @@ local function release_holds(w)
     local s = scope(key)
     if s.h == w.id then
       s.h, s.ht = nil, nil
-      touch(s)
+      s._dirty = true
     end
   end
   w.hold = nil
+end
+
+-- Leases this library wrote, by their text: the call that gives one back (usually the caller's
+-- next) finds it without decoding it. What a text holds depends on the text alone; nothing
+-- changes a lease taken from here. Emptied when it holds too many.
+local WRITTEN_LEASES, WRITTEN_LEASES_COUNT = {}, 0
+
+-- A lease as JSON (what cjson.encode writes, put together directly).
+local function lease_json(l)
+  local out = '{"proc":' .. json_text(l.proc) .. ',"pid":' .. json_text(l.pid) .. ',"prov":'
+    .. json_text(l.prov) .. ',"bud":' .. json_text(l.bud) .. ',"gen":' .. num(l.gen)
+    .. ',"probe":' .. num(l.probe) .. ',"at":' .. num(l.at)
+  if l.tok ~= nil then out = out .. ',"tok":' .. num(l.tok) end
+  if l.cost ~= nil then out = out .. ',"cost":' .. num(l.cost) end
+  if l.bk ~= nil then out = out .. ',"bk":' .. num(l.bk) end
+  if l.off ~= nil then out = out .. ',"off":' .. num(l.off) end
+  return out .. '}'
 end
 
 local function admit(w, lp, lw, lv, offered)
@@ -852,7 +969,7 @@ local function admit(w, lp, lw, lv, offered)
   sw.a = sw.a + 1
   sv.a = sv.a + 1
   sx.a = sx.a + 1
-  touch(sp) touch(sw) touch(sv) touch(sx)
+  sp._dirty = true sw._dirty = true sv._dirty = true sx._dirty = true
   local tok = w.tok or 0
   local bkey = BASE .. 'b:' .. w.bud
   for i = 1, 3 do
@@ -860,21 +977,21 @@ local function admit(w, lp, lw, lv, offered)
     if i == 1 then kind, id, lim, s = 'P', w.pid, lp, sp
     elseif i == 2 then kind, id, lim, s = 'W', nil, lw, sw
     else kind, id, lim, s = 'V', w.prov, lv, sv end
-    if keeps_budget(lim) then
+    if lim.ma ~= nil or lim.mc ~= nil or lim.mt ~= nil then
       local f = budget_field(kind, id)
       redis.call('HINCRBY', bkey, f .. 'a', w.att)
       if w.cost ~= nil then redis.call('HINCRBYFLOAT', bkey, f .. 'c', w.cost) end
       redis.call('HINCRBY', bkey, f .. 't', tok)
-      BUD[bkey] = nil
+      if BUD ~= nil then BUD[bkey] = nil end
     end
     if lim.rpm ~= nil then consume(s, 'rl', 'rt', lim.rpm, lim.rpm / 60000, 1) end
     if lim.tps ~= nil and tok > 0 then consume(s, 'tl', 'tt', lim.tps, lim.tps / 1000, tok) end
   end
   -- Attempts of one invocation on this provider: a repeat is retry pressure. The budget key
   -- lives BUDGET_TTL from the invocation's first admission.
-  local repeats = redis.call('HINCRBY', bkey, budget_field('r', w.prov), 1)
+  local repeats = redis.call('HINCRBY', bkey, budget_field('r', w.prov), '1')
   if repeats == 1 then
-    redis.call('PEXPIRE', bkey, BUDGET_TTL, 'NX')
+    redis.call('PEXPIRE', bkey, BUDGET_TTL_TEXT, 'NX')
   else
     pressure_event(w.prov)
   end
@@ -888,16 +1005,25 @@ local function admit(w, lp, lw, lv, offered)
     proc = w.proc, pid = w.pid, prov = w.prov, bud = w.bud, tok = w.tok, cost = w.cost,
     gen = sv.bg or 0, probe = probe, at = NOW,
   }
-  if keeps_budget(lp) or keeps_budget(lw) or keeps_budget(lv) then lease.bk = 1 end
+  if lp.ma ~= nil or lp.mc ~= nil or lp.mt ~= nil or lw.ma ~= nil or lw.mc ~= nil
+      or lw.mt ~= nil or lv.ma ~= nil or lv.mc ~= nil or lv.mt ~= nil then
+    lease.bk = 1
+  end
   if offered then
     -- Granted to a waiter: its process takes it (take) or it lapses back to the pool.
     lease.off = NOW + GRANT_TTL
     redis.call('ZADD', OFFERS, string.format('%.17g', lease.off), w.id)
     -- Marks that grants may be pending, so a release looks at them (see needs_pump).
     sw.ox = 1
-    touch(sw)
+    sw._dirty = true
   end
-  redis.call('HSET', LEASES, w.id, cjson.encode(lease))
+  local text = lease_json(lease)
+  redis.call('HSET', LEASES, w.id, text)
+  if not offered then
+    if WRITTEN_LEASES_COUNT >= 1024 then WRITTEN_LEASES, WRITTEN_LEASES_COUNT = {}, 0 end
+    WRITTEN_LEASES[text] = lease
+    WRITTEN_LEASES_COUNT = WRITTEN_LEASES_COUNT + 1
+  end
   -- A waiter's process was registered here when it queued; the caller registers on its first
   -- admission here (then its heartbeat renews it, and a reaper finds what it held).
   if w.proc == PROC and not REGISTERED then
@@ -919,7 +1045,7 @@ local function dequeue(w)
   local sp, sw, sv, sx = scopes_of(w.pid, w.prov)
   for _, s in ipairs({sp, sw, sv, sx}) do
     s.q = max(0, s.q - 1)
-    touch(s)
+    s._dirty = true
   end
   release_holds(w)
   if redis.call('LLEN', qk) == 0 then redis.call('ZREM', ROT, lane) end
@@ -937,10 +1063,11 @@ local function free_lease(id, lease, success, retry_after, actual_tokens, actual
   if gone then gone[#gone + 1] = id else redis.call('HDEL', LEASES, id) end
   if lease.off ~= nil then redis.call('ZREM', OFFERS, id) end
   local sp, sw, sv, sx = scopes_of(lease.pid, lease.prov)
-  for _, s in ipairs({sp, sw, sv, sx}) do
-    s.a = max(0, s.a - 1)
-    touch(s)
-  end
+  if sp.a >= 1 then sp.a = sp.a - 1 else sp.a = 0 end
+  if sw.a >= 1 then sw.a = sw.a - 1 else sw.a = 0 end
+  if sv.a >= 1 then sv.a = sv.a - 1 else sv.a = 0 end
+  if sx.a >= 1 then sx.a = sx.a - 1 else sx.a = 0 end
+  sp._dirty = true sw._dirty = true sv._dirty = true sx._dirty = true
   if (actual_tokens ~= nil or actual_cost ~= nil) and lease.bk == 1 then
     -- Reconcile the invocation budgets with what the provider really used.
     local key = BASE .. 'b:' .. lease.bud
@@ -959,7 +1086,7 @@ local function free_lease(id, lease, success, retry_after, actual_tokens, actual
       end
     end
     if #set > 0 then redis.call('HSET', key, unpack(set)) end
-    BUD[key] = nil
+    if BUD ~= nil then BUD[key] = nil end
   end
   local lv = limits('V:' .. lease.prov)
   local gen = sv.bg or 0
@@ -1016,7 +1143,7 @@ local function lapse_grants()
   local first = redis.call('ZRANGE', OFFERS, 0, 0, 'WITHSCORES')
   if #first == 0 then
     sw.ox = nil
-    touch(sw)
+    sw._dirty = true
     return nil
   end
   if tonumber(first[2]) > NOW then return tonumber(first[2]) end
@@ -1032,7 +1159,7 @@ local function lapse_grants()
   first = redis.call('ZRANGE', OFFERS, 0, 0, 'WITHSCORES')
   if #first == 0 then
     sw.ox = nil
-    touch(sw)
+    sw._dirty = true
     return nil
   end
   return tonumber(first[2])
@@ -1101,7 +1228,7 @@ local function serve()
                 if hold ~= nil and hold.h == nil then
                   hold.h = wid
                   hold.ht = w.tok or 0
-                  touch(hold)
+                  hold._dirty = true
                   w.hold = w.hold or {}
                   w.hold[#w.hold + 1] = hold._key
                   redis.call('HSET', WAITERS, wid, cjson.encode(w))
@@ -1159,6 +1286,33 @@ end
 local function release_many(at, n, also_fields, also_scopes)
   local out = {}
   if n == 0 then return out end
+  if n == 1 then
+    -- One lease (the usual case): the same steps without the batch's bookkeeping.
+    local id = ARGV[at]
+    local raw = redis.call('HGET', LEASES, id)
+    if not raw then
+      out[1] = {st = 'gone'}
+      return out
+    end
+    local lease = WRITTEN_LEASES[raw] or cjson.decode(raw)
+    local np, nv, nx = key_p(lease.pid), key_v(lease.prov), key_x(lease.prov, lease.pid)
+    if also_fields then preload(nv, unpack(also_fields)) else preload(nv) end
+    if also_scopes then
+      load_scopes({np, nv, nx, 'W', also_scopes[1], also_scopes[2], also_scopes[3]})
+    else
+      load_scopes({np, nv, nx, 'W'})
+    end
+    local success = nil
+    if ARGV[at + 1] == '1' then success = true elseif ARGV[at + 1] == '0' then success = false end
+    RESULT_TRANSITIONS = {}
+    free_lease(id, lease, success, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
+      tonumber(ARGV[at + 4]))
+    local entry = {st = 'released'}
+    if #RESULT_TRANSITIONS > 0 then entry.tr = RESULT_TRANSITIONS end
+    RESULT_TRANSITIONS = {}
+    out[1] = entry
+    return out
+  end
   local ids = {}
   for i = 0, n - 1 do ids[#ids + 1] = ARGV[at + 5 * i] end
   local raws = redis.call('HMGET', LEASES, unpack(ids))
@@ -1231,6 +1385,7 @@ local function reap()
   local dead = redis.call('ZRANGEBYSCORE', PROCS, '-inf', string.format('%.17g', NOW), 'LIMIT', 0, 4)
   if #dead == 0 then return 0 end
   for _, proc in ipairs(dead) do
+    if ALIVE == nil then ALIVE = {} end
     ALIVE[proc] = false
     reclaim_in_ws(proc)
     redis.call('DEL', BASE .. 'g:' .. proc)
@@ -1243,21 +1398,6 @@ end
 local function reply(t)
   flush()
   return cjson.encode(t)
-end
-
--- A string as JSON, written directly when it needs no escaping (ids usually do not). Kept
--- between calls for the few texts it is asked for (epochs).
-local JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0
-
-local function json_text(s)
-  local out = JSON_TEXTS[s]
-  if out == nil then
-    if string.find(s, '[%c"\\\128-\255]') then out = cjson.encode(s) else out = '"' .. s .. '"' end
-    if JSON_TEXTS_COUNT >= 256 then JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0 end
-    JSON_TEXTS[s] = out
-    JSON_TEXTS_COUNT = JSON_TEXTS_COUNT + 1
-  end
-  return out
 end
 
 -- The answer of a plain admission (`ev` from evidence, with st, ep and optionally rel): the same

@@ -6,7 +6,7 @@ local sv = scope(key_v(ARGV[9]))
 local until_ms = NOW + tonumber(ARGV[10])
 if until_ms > (sv.pz or 0) then
   sv.pz = until_ms
-  touch(sv)
+  sv._dirty = true
 end
 pressure_event(ARGV[9])
 return reply({st = 'ok', ep = epoch})

@@ -31,7 +31,7 @@ for _, lease in pairs(held) do
     redis.call('HSET', LEASES, lease.id, cjson.encode(lease))
     for _, s in ipairs({scope(key_p(lease.pid)), scope(key_w()), sv, scope(key_x(lease.prov, lease.pid))}) do
       s.a = s.a + 1
-      touch(s)
+      s._dirty = true
     end
     restored = restored + 1
   end

@@ -9,7 +9,7 @@ redis.call('SET', BASE .. 't:' .. id, '1', 'PX', PROC_TTL)
 local sw = scope(key_w())
 if (sw.tb or 0) < NOW + PROC_TTL then
   sw.tb = NOW + PROC_TTL
-  touch(sw)
+  sw._dirty = true
 end
 local w = waiter(id)
 if w ~= nil then
