@@ -20,11 +20,7 @@ if nrel > 0 then
   if needs_pump() then pump() end
 end
 -- Answers not counted by the caller (nothing was decided for the first time) carry nc.
-local function answer(t)
-  t.ep = epoch
-  if released ~= nil then t.rel = released end
-  return reply(t)
-end
+ACQ_EPOCH, ACQ_RELEASED = epoch, released
 if NOW < ready then return answer({st = 'recovering', wait = ready - NOW}) end
 REGISTERED = ARGV[19] == '1'
 local w = {
@@ -75,15 +71,8 @@ end
 local lp, lw, lv = limits(fields[2]), limits('W'), limits(fields[3])
 if not lp then return answer({st = 'reject', reason = 'unconfigured-principal', nc = 1}) end
 if not lv then return answer({st = 'reject', reason = 'unconfigured-provider', nc = 1}) end
-local function refuse(reason)
-  local ev = evidence(w)
-  ev.st = 'reject'
-  ev.reason = reason
-  if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
-  return answer(ev)
-end
 local reason = budgets_reason(w, lp, lw, lv)
-if reason then return refuse(reason) end
+if reason then return refuse(w, reason) end
 local verdict, at, hold
 verdict = 'defer'
 local lane, qk
@@ -102,9 +91,9 @@ if sw.q == 0 or redis.call('LLEN', qk) == 0 then
     ev.rel = released
     return reply_admit(ev)
   end
-  if verdict == 'reject' then return refuse(reason) end
+  if verdict == 'reject' then return refuse(w, reason) end
 end
-if queue_full(w, lp, lw, lv) then return refuse('queue-full') end
+if queue_full(w, lp, lw, lv) then return refuse(w, 'queue-full') end
 if lane == nil then
   lane = lane_of(w.prov, w.pid)
   qk = lane_key(lane)

@@ -844,11 +844,12 @@ local function dispatch_check(w, lp, lw, lv)
   if lw.sh ~= nil and sp.a >= max(1, floor(lw.sh * lw.c)) then return 'defer', 'concurrency' end
   if lv.sh ~= nil and sx.a >= max(1, floor(lv.sh * lv.c)) then return 'defer', 'concurrency' end
   local reserved = lp.rc or 0
-  if sp.a >= reserved then
+  local rsv = limits('rsv')
+  if rsv and sp.a >= reserved then
     local unused = unused_reserved(nil)
     if unused > 0 and lw.c - sw.a - unused < 1 then return 'defer', 'concurrency' end
   end
-  if sx.a >= reserved then
+  if rsv and sx.a >= reserved then
     local unused = unused_reserved(w.prov)
     if unused > 0 and lv.c - sv.a - unused < 1 then return 'defer', 'concurrency' end
   end
@@ -1029,6 +1030,10 @@ local function admit(w, lp, lw, lv, offered)
   if w.proc == PROC and not REGISTERED then
     heartbeat()
     REGISTERED = true
+  end
+  if sv.pz == nil and sv.bs == nil and sv.pl == nil then
+    -- No pause, breaker closed, no retry pressure on record: what evidence would find.
+    return {a = sp.a, q = sp.q, bs = 'closed', rp = 0, st = nil, ep = nil, rel = nil, tr = nil}
   end
   return evidence(w)
 end
@@ -1418,6 +1423,23 @@ local function reply_admit(ev)
   return '{"st":"admit","a":' .. num(ev.a) .. ',"q":' .. num(ev.q)
     .. ',"rp":' .. num(ev.rp) .. ',"bs":"' .. ev.bs .. '","ep":' .. json_text(ev.ep)
     .. rel .. '}'
+end
+
+-- An acquire's answers carry the epoch and the leases it gave back first (set by acquire).
+local ACQ_EPOCH, ACQ_RELEASED
+
+local function answer(t)
+  t.ep = ACQ_EPOCH
+  if ACQ_RELEASED ~= nil then t.rel = ACQ_RELEASED end
+  return reply(t)
+end
+
+local function refuse(w, reason)
+  local ev = evidence(w)
+  ev.st = 'reject'
+  ev.reason = reason
+  if #RESULT_TRANSITIONS > 0 then ev.tr = RESULT_TRANSITIONS end
+  return answer(ev)
 end
 
 -- The common opening of a workspace script: the workspace, then its epoch.
