@@ -184,6 +184,9 @@ class _CountingStore:
         self.inner = inner
         self.slot_writes = 0
         self.document_writes = 0
+        # Per slot written (invocation, decision, attempt number), ms its write took in the
+        # store's add_slots (the statement, as the loop saw it).
+        self.add_slots_ms: dict[tuple[str, int, int], float] = {}
 
     async def load(self, key: ReceiptKey) -> dict[str, Any] | None:
         return await self.inner.load(key)
@@ -197,7 +200,11 @@ class _CountingStore:
 
     async def add_slots(self, key: ReceiptKey, slots: Any, *, claim: int) -> None:
         self.slot_writes += 1
+        began = time.perf_counter()
         await self.inner.add_slots(key, slots, claim=claim)
+        took = (time.perf_counter() - began) * 1000
+        for slot in slots:
+            self.add_slots_ms[key.invocation_id, slot["decisionIndex"], slot["number"]] = took
 
     async def update(
         self, key: ReceiptKey, document: Any, *, expected_revision: int, settled: Any = ()
@@ -219,7 +226,12 @@ def _bare_commits(pool: ThreadPoolExecutor, count: int) -> dict[str, list[float]
             return (time.perf_counter() - began) * 1000
 
     async def awaited() -> dict[str, list[float]]:
-        figures: dict[str, list[float]] = {"thread": [], "awaited": [], "direct": []}
+        figures: dict[str, list[float]] = {
+            "thread": [],
+            "awaited": [],
+            "direct": [],
+            "no-flush": [],
+        }
         for _ in range(count):
             began = time.perf_counter()
             figures["thread"].append(await in_database_thread(insert, pool)())
@@ -228,10 +240,14 @@ def _bare_commits(pool: ThreadPoolExecutor, count: int) -> dict[str, list[float]
         for name in ("cursor_factory", "context", "prepare_threshold"):
             params.pop(name, None)
         async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as direct:
+            # Interleaved with the same INSERT under synchronous_commit off (for this
+            # comparison only; the store keeps it on): the difference is the WAL flush.
             for _ in range(count):
-                began = time.perf_counter()
-                await direct.execute("INSERT INTO bench_commit (at) VALUES (now())")
-                figures["direct"].append((time.perf_counter() - began) * 1000)
+                for name, setting in (("direct", "on"), ("no-flush", "off")):
+                    await direct.execute(f"SET synchronous_commit = {setting}")
+                    began = time.perf_counter()
+                    await direct.execute("INSERT INTO bench_commit (at) VALUES (now())")
+                    figures[name].append((time.perf_counter() - began) * 1000)
         return figures
 
     def create() -> None:
@@ -331,9 +347,10 @@ def _phases(
         index = event.get("index")
         if event["event"].startswith("OpenAIChatAdapter.invoke"):
             index = int(event["decision"].rsplit("-", 1)[1]) - 1
-        if index is None:
-            continue
-        calls.setdefault(index, {}).setdefault(event["event"], event["at"])
+        # A slot write belongs to every decision whose slot it holds.
+        indexes = event.get("indexes", [] if index is None else [index])
+        for each in indexes:
+            calls.setdefault(each, {}).setdefault(event["event"], event["at"])
     for request in requests:
         prompt = request["body"]["messages"][-1]["content"]
         found = _QUESTION.search(prompt)
@@ -353,6 +370,21 @@ def _phases(
             "ReceiptJournal.mark_dispatch.start",
         ),
         ("slot write", "ReceiptJournal.mark_dispatch.start", "ReceiptJournal.mark_dispatch.end"),
+        (
+            "  of which gathering the wave",
+            "ReceiptJournal.mark_dispatch.start",
+            "DatabaseReceiptStore.add_slots.start",
+        ),
+        (
+            "  of which the store's add_slots",
+            "DatabaseReceiptStore.add_slots.start",
+            "DatabaseReceiptStore.add_slots.end",
+        ),
+        (
+            "  of which the loop picking it up",
+            "DatabaseReceiptStore.add_slots.end",
+            "ReceiptJournal.mark_dispatch.end",
+        ),
         (
             "slot durable -> adapter called",
             "ReceiptJournal.mark_dispatch.end",
@@ -448,12 +480,14 @@ def in_process(args: argparse.Namespace) -> None:
     """The engine with the database receipt store on real time: slot-write waits and writes,
     with slot writes on the pool's threads and sent from the loop (as a worker sends them)."""
     waits: list[float] = []
+    dispatched: list[tuple[str, int, int]] = []  # the slot of each wait
     original = ReceiptJournal.mark_dispatch
 
     async def timed(self: ReceiptJournal, index: int, attempt: Any) -> None:
         began = time.perf_counter()
         await original(self, index, attempt)
         waits.append((time.perf_counter() - began) * 1000)
+        dispatched.append((self._key.invocation_id, index, attempt.number))
 
     ReceiptJournal.mark_dispatch = timed  # type: ignore[method-assign]
     pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="bench-db")
@@ -489,18 +523,20 @@ def in_process(args: argparse.Namespace) -> None:
         assert result.status == "completed", result.status
         return wall, (store.slot_writes - before[0], store.document_writes - before[1])
 
-    async def runs_of(direct: int) -> tuple[list[float], list[float], list[tuple[int, int]]]:
+    async def runs_of(
+        direct: int,
+    ) -> tuple[list[float], list[float], list[tuple[int, int]], list[float]]:
         store = _CountingStore(DatabaseReceiptStore(pool, direct_slots=direct))
         try:
             # A first run opens the connections (pool threads, loop connections); not counted.
             await one(store)
-            del waits[:]
+            del waits[:], dispatched[:]
             walls, writes = [], []
             for _ in range(args.repeat):
                 wall, counted = await one(store)
                 walls.append(wall)
                 writes.append(counted)
-            return list(waits), walls, writes
+            return list(waits), walls, writes, [store.add_slots_ms[slot] for slot in dispatched]
         finally:
             await store.inner.aclose()
 
@@ -508,7 +544,8 @@ def in_process(args: argparse.Namespace) -> None:
     try:
         for label, direct in (("pool threads", 0), ("from the loop", args.ceiling)):
             load = _load_average()
-            slot_waits, walls, writes = asyncio.run(runs_of(direct))
+            slot_waits, walls, writes, statement = asyncio.run(runs_of(direct))
+            rest = [wait - ms for wait, ms in zip(slot_waits, statement, strict=True)]
             slot_writes = statistics.median(w[0] for w in writes)
             document_writes = statistics.median(w[1] for w in writes)
             print(
@@ -516,7 +553,10 @@ def in_process(args: argparse.Namespace) -> None:
                 f"x {args.latency_ms:g} ms, ceiling {args.ceiling} (load average {load}): wall "
                 f"{statistics.median(walls):.3f} s vs ideal {ideal:.2f} s; slot durable before "
                 f"the call p50 {_percentile(slot_waits, 0.5):.2f} ms, p99 "
-                f"{_percentile(slot_waits, 0.99):.2f} ms ({len(slot_waits)} dispatches); "
+                f"{_percentile(slot_waits, 0.99):.2f} ms ({len(slot_waits)} dispatches: the "
+                f"store's add_slots p50 {_percentile(statement, 0.5):.2f} ms, p99 "
+                f"{_percentile(statement, 0.99):.2f} ms; gathering the wave and the loop "
+                f"picking the answer up p50 {_percentile(rest, 0.5):.2f} ms); "
                 f"{slot_writes:g} slot writes + {document_writes:g} document writes = "
                 f"{(slot_writes + document_writes) / args.decisions:.2f} receipt writes per "
                 "decision",
@@ -531,6 +571,7 @@ def in_process(args: argparse.Namespace) -> None:
                 ("thread", "in a pool thread"),
                 ("awaited", "awaited from the loop"),
                 ("direct", "from the loop on its own connection"),
+                ("no-flush", "the same without waiting for the WAL flush"),
             )
         )
         print(f"bare single-row commit (load average {load}): {figures}", flush=True)

@@ -113,6 +113,10 @@ def install() -> None:
         _decision.set(index)
         return {"index": index}
 
+    def slots(_self: Any, key: Any, written: Any, **kwargs: Any) -> dict[str, Any]:
+        # A slot write names the decisions whose slots it holds.
+        return {"indexes": [slot["decisionIndex"] for slot in written]}
+
     def acquire(_self: Any, request: Any) -> dict[str, Any]:
         return {"index": _decision.get()}
 
@@ -126,7 +130,7 @@ def install() -> None:
     _wrap(ReceiptJournal, "mark_dispatch", decision)
     _wrap(ReceiptJournal, "record_attempt", decision)
     _wrap(ReceiptJournal, "finish")
-    _wrap(DatabaseReceiptStore, "add_slots")
+    _wrap(DatabaseReceiptStore, "add_slots", slots)
     _wrap(DatabaseReceiptStore, "update")
     _wrap(runner.SlotFreeingController, "acquire", acquire)
     _wrap(attempts, "run_attempt", attempt)

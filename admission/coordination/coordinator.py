@@ -159,6 +159,8 @@ class RedisCoordinator:
         self._heard: dict[int | None, set[str]] = {}
         self._groups: dict[str, int | None] = {}
         self._background: set[asyncio.Task[Any]] = set()
+        # Set while no heartbeat is under way: one under way holds the counts it reports.
+        self._beat_idle: asyncio.Event | None = None
         self._resync_lock: asyncio.Lock | None = None
         self._slots = asyncio.Semaphore(POOL_CONNECTIONS)
         self.book = ProcessBook()
@@ -301,6 +303,7 @@ class RedisCoordinator:
         if self._loop is not None and not self._closed:
             # Releases not sent yet go now; decisions counted here are reported (bounded).
             self._flush_releases()
+            await self._beat_ended(self._close_grace_s())
             self.push_counts()
         self._closed = True
         tasks = list(self._tasks)
@@ -363,7 +366,16 @@ class RedisCoordinator:
         self._flush_releases()
         while self._background:
             await asyncio.gather(*list(self._background), return_exceptions=True)
+        # A heartbeat under way carries counts taken from `local_counts`; they are in Redis, or
+        # back here for the push below, once it ends.
+        await self._beat_ended(None)
         self.push_counts()
+
+    async def _beat_ended(self, timeout: float | None) -> None:
+        idle = self._beat_idle
+        if idle is not None and not idle.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(idle.wait(), timeout)
 
     def push_counts(self) -> None:
         """Report the decisions counted here since the last heartbeat now: counts only (no
@@ -625,7 +637,10 @@ class RedisCoordinator:
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_ms / 1000.0
         # A cancellation swallowed by a client timeout must not keep a closed loop alive.
+        self._beat_idle = idle = asyncio.Event()
+        idle.set()
         while not self._closed:
+            idle.clear()
             try:
                 await self._heartbeat()
             except CoordinationUnavailable as error:
@@ -633,6 +648,8 @@ class RedisCoordinator:
                 logger.debug("admission heartbeat failed: %s", error)
             except Exception:
                 logger.exception("admission heartbeat failed")
+            finally:
+                idle.set()
             await asyncio.sleep(interval)
 
     def _group(self, key: str) -> int | None:

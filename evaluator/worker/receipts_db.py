@@ -15,11 +15,12 @@ claim sees every slot added before it. Other databases (SQLite serialises every 
 check and insert in one transaction.
 
 A store made with ``direct_slots`` sends slot writes from the event loop itself, on autocommit
-connections of that loop (at most ``direct_slots`` at once, opened when first needed, kept for
-the next writes): a slot write is then one round trip between the loop and the server, with no
-thread in between, and never waits behind the pool's document writes. ``aclose`` on that loop
-closes them. A loop on virtual time keeps the pool (its time stands still only for executor
-jobs).
+connections of that loop (at most ``direct_slots`` at once, kept for the next writes; ``warm``
+opens some ahead of the first write, and a spare is opened in the background whenever a write
+takes the last idle one, so an opening is seldom paid before a call): a slot write is then one
+round trip between the loop and the server, with no thread in between, and never waits behind
+the pool's document writes. ``aclose`` on that loop closes them. A loop on virtual time keeps
+the pool (its time stands still only for executor jobs).
 
 A document write is one statement in autocommit on PostgreSQL too: an ``UPDATE`` (compare-and-set
 on the revision, only while running) with a ``DELETE`` of the slots it settles in the same
@@ -129,6 +130,14 @@ class DatabaseReceiptStore:
         await in_database_thread(self._add_slots, self._executor)(
             key, [dict(slot) for slot in slots], claim
         )
+
+    async def warm(self, count: int = 2) -> None:
+        """Start opening ``count`` of the running loop's slot connections (at most
+        ``direct_slots``) in the background, so the first slot writes find them open; returns at
+        once. Nothing when slot writes do not go from this loop."""
+        direct = self._loop_connections()
+        if direct is not None:
+            direct.warm(count)
 
     def _loop_connections(self) -> _LoopConnections | None:
         """The running loop's slot connections, when slot writes go from the loop."""
@@ -385,37 +394,79 @@ def _django_error(error: psycopg.Error) -> db_errors.Error:
 
 
 class _LoopConnections:
-    """The autocommit connections one event loop writes slots on, at most ``size`` at once (a
-    write that finds them all busy waits for one). A connection whose write failed other than by
-    a constraint, or was cancelled, is closed, and the next write opens a fresh one."""
+    """The autocommit connections one event loop writes slots on, at most ``size`` in use at
+    once (a write that finds them all busy waits for one). A connection whose write failed other
+    than by a constraint, or was cancelled, is closed, and the next write opens a fresh one.
+
+    Opening a connection takes a few milliseconds (tens on a loaded machine), too long to pay
+    before a call: ``warm`` opens some ahead of the first write, and whenever a write takes the
+    last idle one, a spare is opened in the background (while fewer than ``size`` are held or
+    being opened), so slot writes that overlap find one ready. A spare that cannot be opened is
+    no error: the write that needs one opens it."""
 
     def __init__(self, size: int) -> None:
+        self._size = size
         self._idle: list[psycopg.AsyncConnection[Any]] = []
         self._free = asyncio.Semaphore(size)
+        self._in_use = 0
+        self._opening: set[asyncio.Task[None]] = set()
+
+    def warm(self, count: int) -> None:
+        """Open connections in the background until ``count`` (at most ``size``) are idle or
+        being opened."""
+        while len(self._idle) + len(self._opening) < min(count, self._size) and self._room():
+            self._open_spare()
+
+    def _room(self) -> bool:
+        return self._in_use + len(self._idle) + len(self._opening) < self._size
+
+    def _open_spare(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._spare())
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def _spare(self) -> None:
+        try:
+            connection = await psycopg.AsyncConnection.connect(
+                **_connection_params(), autocommit=True
+            )
+        except psycopg.Error:
+            return
+        if self._in_use + len(self._idle) >= self._size:
+            await connection.close()
+        else:
+            self._idle.append(connection)
 
     @contextlib.asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         async with self._free:
-            if self._idle:
-                connection = self._idle.pop()
-            else:
-                try:
-                    connection = await psycopg.AsyncConnection.connect(
-                        **_connection_params(), autocommit=True
-                    )
-                except psycopg.Error as error:
-                    raise _django_error(error) from error
+            self._in_use += 1
             try:
-                yield connection
-            except (psycopg.IntegrityError, ReceiptConflictError):
-                self._keep(connection)
-                raise
-            except BaseException:
-                # The server went away, or the write was cancelled mid-statement.
-                await connection.close()
-                raise
-            else:
-                self._keep(connection)
+                if self._idle:
+                    connection = self._idle.pop()
+                else:
+                    try:
+                        connection = await psycopg.AsyncConnection.connect(
+                            **_connection_params(), autocommit=True
+                        )
+                    except psycopg.Error as error:
+                        raise _django_error(error) from error
+                if not self._idle and not self._opening and self._room():
+                    # The next write that overlaps this one finds a connection ready.
+                    self._open_spare()
+                try:
+                    yield connection
+                except (psycopg.IntegrityError, ReceiptConflictError):
+                    self._keep(connection)
+                    raise
+                except BaseException:
+                    # The server went away, or the write was cancelled mid-statement.
+                    await connection.close()
+                    raise
+                else:
+                    self._keep(connection)
+            finally:
+                self._in_use -= 1
 
     def _keep(self, connection: psycopg.AsyncConnection[Any]) -> None:
         if connection.closed or connection.broken:
@@ -423,6 +474,11 @@ class _LoopConnections:
         self._idle.append(connection)
 
     async def aclose(self) -> None:
+        opening, self._opening = list(self._opening), set()
+        for task in opening:
+            task.cancel()
+        if opening:
+            await asyncio.wait(opening)
         idle, self._idle = self._idle, []
         for connection in idle:
             await connection.close()

@@ -143,6 +143,8 @@ class Runner:
         if not coordinated:
             # No shared state to read: publish this process's figures for operators' views.
             live.start_publisher(self.worker_id, self.loop.loop)
+        # The first slot writes find their connections open (an opening costs milliseconds).
+        asyncio.run_coroutine_threadsafe(self.receipts.warm(), self.loop.loop)
         self._thread.start()
         logger.info(
             "evaluation runner %s: %d slots, admission %s",

@@ -373,3 +373,44 @@ def test_slot_writes_from_the_loop_never_queue_behind_the_pools_threads(pool):
 
     document = run_closing(store, main())
     assert sorted(slot["decisionIndex"] for slot in document["pendingDispatches"]) == [0, 1, 2, 3]
+
+
+def test_slot_connections_are_opened_ahead_of_the_writes_that_need_them(pool, monkeypatch):
+    """`warm` opens the loop's slot connections before the first write; a write that takes the
+    last idle one has a spare opened in the background (never more than `direct_slots` in all);
+    `aclose` closes every one."""
+    import psycopg
+
+    store = DatabaseReceiptStore(pool, direct_slots=3)
+    opened: list[psycopg.AsyncConnection] = []
+    real = psycopg.AsyncConnection.connect
+
+    async def counting(*args, **kwargs):
+        connection = await real(*args, **kwargs)
+        opened.append(connection)
+        return connection
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "connect", counting)
+
+    async def until(count: int) -> None:
+        async with asyncio.timeout(10):
+            while len(opened) < count:
+                await asyncio.sleep(0.005)
+
+    async def main():
+        await store.warm(2)
+        await store.warm(2)  # two are being opened already: nothing more
+        await until(2)
+        runs = [await open_journal(store, f"inv-warm-{n}", 1) for n in range(2)]
+        # Two runs' slot writes at once: each takes an idle connection, none is opened for them;
+        # the second took the last one, so a spare is opened behind them.
+        await asyncio.gather(*(run.mark_dispatch(0, attempt(0)) for run in runs))
+        await until(3)
+        third = await open_journal(store, "inv-warm-2", 1)
+        await third.mark_dispatch(0, attempt(0))
+        await asyncio.sleep(0.05)
+        return list(opened)
+
+    connected = run_closing(store, main())
+    assert len(connected) == 3
+    assert all(connection.closed for connection in connected)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -228,7 +229,8 @@ def test_request_bucket_defers_and_queue_timeout_refuses(deployment: Deployment)
         assert 1 <= refused.value.retry_after_ms <= 30_000
         await settle(deployment)
         assert deployment.queued("V:llm") == 0
-        counts = (await procs[0].controller().state(minutes=1))["counts"]
+        # Two minutes: the deferral was counted in this minute or, across its edge, the last.
+        counts = (await procs[0].controller().state(minutes=2))["counts"]
         assert any("defer|requests-per-minute" in k for c in counts.values() for k in c)
 
     run(deployment, scenario)
@@ -649,5 +651,35 @@ def test_a_process_stops_renewing_where_it_has_long_been_idle(deployment: Deploy
         again.release(success=True)
         held.release(success=True)
         await settle(deployment)
+
+    run(deployment, scenario)
+
+
+def test_settling_waits_for_the_counts_a_heartbeat_carries(deployment: Deployment) -> None:
+    process = deployment.process(register=profile())
+    coordinator = process.coordinator
+    real_call = coordinator._heartbeat_call
+    carrying = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def held_call(beat: Any) -> Any:
+        if any(beat.counts.values()):
+            carrying.set()
+            await gate.wait()
+        return await real_call(beat)
+
+    async def scenario() -> None:
+        coordinator._heartbeat_call = held_call  # type: ignore[method-assign]
+        (await process.controller().acquire(request())).release(success=True)
+        # The next heartbeat takes this process's counts and is held on its way to Redis.
+        await asyncio.wait_for(carrying.wait(), 10)
+        assert not coordinator.local_counts
+        settling = asyncio.ensure_future(coordinator.settle())
+        await asyncio.sleep(0.3)
+        assert not settling.done()
+        gate.set()
+        await asyncio.wait_for(settling, 10)
+        counts = (await process.controller().state(minutes=2))["counts"]
+        assert any("admit|admitted" in label for c in counts.values() for label in c)
 
     run(deployment, scenario)
