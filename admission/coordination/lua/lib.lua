@@ -1301,11 +1301,34 @@ local function release_many(at, n, also_fields, also_scopes)
     end
     local lease = WRITTEN_LEASES[raw] or cjson.decode(raw)
     local np, nv, nx = key_p(lease.pid), key_v(lease.prov), key_x(lease.prov, lease.pid)
-    if also_fields then preload(nv, unpack(also_fields)) else preload(nv) end
-    if also_scopes then
-      load_scopes({np, nv, nx, 'W', also_scopes[1], also_scopes[2], also_scopes[3]})
+    if also_fields and REV == nil and #also_fields == 4 and #also_scopes == 3 then
+      -- An acquire's opening (nothing read yet): the lease's limits and scopes and the
+      -- request's own in one read each, kept where nothing was kept yet (as preload and
+      -- load_scopes would).
+      local f1, f2, f3, f4 = also_fields[1], also_fields[2], also_fields[3], also_fields[4]
+      local r = redis.call('HMGET', PROF, 'rev', f1, f2, f3, f4, nv)
+      REV = r[1] or false
+      if LIM[f1] == nil then LIM[f1] = decode_limits(f1, r[2]) end
+      if LIM[f2] == nil then LIM[f2] = decode_limits(f2, r[3]) end
+      if LIM[f3] == nil then LIM[f3] = decode_limits(f3, r[4]) end
+      if LIM[f4] == nil then LIM[f4] = decode_limits(f4, r[5]) end
+      if LIM[nv] == nil then LIM[nv] = decode_limits(nv, r[6]) end
+      local s1, s2, s3 = also_scopes[1], also_scopes[2], also_scopes[3]
+      r = redis.call('HMGET', STATE, np, nv, nx, 'W', s1, s2, s3)
+      if SC[np] == nil then new_scope(np, r[1] or nil) end
+      if SC[nv] == nil then new_scope(nv, r[2] or nil) end
+      if SC[nx] == nil then new_scope(nx, r[3] or nil) end
+      if SC.W == nil then new_scope('W', r[4] or nil) end
+      if SC[s1] == nil then new_scope(s1, r[5] or nil) end
+      if SC[s2] == nil then new_scope(s2, r[6] or nil) end
+      if SC[s3] == nil then new_scope(s3, r[7] or nil) end
     else
-      load_scopes({np, nv, nx, 'W'})
+      if also_fields then preload(nv, unpack(also_fields)) else preload(nv) end
+      if also_scopes then
+        load_scopes({np, nv, nx, 'W', also_scopes[1], also_scopes[2], also_scopes[3]})
+      else
+        load_scopes({np, nv, nx, 'W'})
+      end
     end
     local success = nil
     if ARGV[at + 1] == '1' then success = true elseif ARGV[at + 1] == '0' then success = false end
