@@ -8,6 +8,8 @@
 -- fields and the four scope fields, and writes the scope fields, the lease and the invocation's
 -- repeat count: no queue, lane, rotation, offer or tombstone is looked at. Decision counts are
 -- kept by the caller and reported with its heartbeat.
+local common = common_acquire()
+if common then return common end
 local done, epoch, ready = open_ws(false)
 if done then return done end
 local released = nil

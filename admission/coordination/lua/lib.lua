@@ -51,6 +51,8 @@ local EPOCH_KEY, PROCS
 local EPOCH_READY = nil
 -- Set by an entry when its caller is in this workspace's P:{ws}:procs already.
 local REGISTERED = false
+-- The repeat count an acquire took already for the request TAKEN_FOR (see common_acquire).
+local TAKEN_REPEATS, TAKEN_FOR = nil, nil
 
 local EPS = 1e-9
 local PRESSURE_WINDOW = 60000
@@ -162,42 +164,45 @@ local function remember(packed, values)
   UNPACKED_COUNT = UNPACKED_COUNT + 1
 end
 
+-- A scope in the common shape (its counts and buckets only), packed.
+local function pack_common(a, q, rl, rt, tl, tt)
+  if rl == nil and rt == nil and tl == nil and tt == nil then
+    if q == nil or q == 0 then
+      if a == nil or a == 0 then return '' end
+      return num(a)
+    end
+    if a == nil or a == 0 then return ',' .. num(q) end
+    return num(a) .. ',' .. num(q)
+  end
+  local pa, pq, prl, prt, ptl = '', '', '', '', ''
+  if a ~= nil and a ~= 0 then pa = num(a) end
+  if q ~= nil and q ~= 0 then pq = num(q) end
+  if rl ~= nil then prl = num(rl) end
+  if rt ~= nil then prt = num(rt) end
+  local packed
+  if tt ~= nil then
+    if tl ~= nil then ptl = num(tl) end
+    packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. ptl .. ',' .. num(tt)
+  elseif tl ~= nil then
+    packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. num(tl)
+  elseif rt ~= nil then
+    packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt
+  else
+    packed = pa .. ',' .. pq .. ',' .. prl
+  end
+  if UNPACKED[packed] == nil then
+    if pa == '' then a = nil end
+    if pq == '' then q = nil end
+    remember(packed, {a, q, rl, rt, tl, tt})
+  end
+  return packed
+end
+
 local function pack_scope(s)
-  -- The common shapes first: the counts and the buckets only.
   if s.ht == nil and s.pz == nil and s.bs == nil and s.bf == nil and s.bg == nil
       and s.bo == nil and s.bp == nil and s.pl == nil and s.tb == nil and s.ox == nil
       and s.h == nil then
-    local a, q, rl, rt, tl, tt = s.a, s.q, s.rl, s.rt, s.tl, s.tt
-    if rl == nil and rt == nil and tl == nil and tt == nil then
-      if q == nil or q == 0 then
-        if a == nil or a == 0 then return '' end
-        return num(a)
-      end
-      if a == nil or a == 0 then return ',' .. num(q) end
-      return num(a) .. ',' .. num(q)
-    end
-    local pa, pq, prl, prt, ptl = '', '', '', '', ''
-    if a ~= nil and a ~= 0 then pa = num(a) end
-    if q ~= nil and q ~= 0 then pq = num(q) end
-    if rl ~= nil then prl = num(rl) end
-    if rt ~= nil then prt = num(rt) end
-    local packed
-    if tt ~= nil then
-      if tl ~= nil then ptl = num(tl) end
-      packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. ptl .. ',' .. num(tt)
-    elseif tl ~= nil then
-      packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. num(tl)
-    elseif rt ~= nil then
-      packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt
-    else
-      packed = pa .. ',' .. pq .. ',' .. prl
-    end
-    if UNPACKED[packed] == nil then
-      if pa == '' then a = nil end
-      if pq == '' then q = nil end
-      remember(packed, {a, q, rl, rt, tl, tt})
-    end
-    return packed
+    return pack_common(s.a, s.q, s.rl, s.rt, s.tl, s.tt)
   end
   local parts, last = {'', '', '', '', '', '', '', '', '', '', '', '', '', '', '', '', ''}, 0
   for i = 1, #FIELDS do
@@ -240,6 +245,31 @@ local function unpack_scope(raw, s)
   end
   local rest = string.sub(raw, pos)
   if rest ~= '' then s.h = rest end
+end
+
+-- A stored scope in the common shape (counts and buckets only): a, q (0 when absent), rl, rt,
+-- tl, tt; false when it holds any other field.
+local function unpack_common(raw)
+  local known = UNPACKED[raw]
+  if known == nil then
+    if raw == '' then return 0, 0 end
+    known = {}
+    local pos = 1
+    for i = 1, 6 do
+      local comma = string.find(raw, ',', pos, true)
+      if comma and i == 6 then return false end
+      local piece = string.sub(raw, pos, (comma or 0) - 1)
+      if piece ~= '' then
+        local v = SHORT_NUM[piece] or stored_num(piece)
+        if v == nil then return false end
+        known[i] = v
+      end
+      if not comma then break end
+      pos = comma + 1
+    end
+    remember(raw, known)
+  end
+  return known[1] or 0, known[2] or 0, known[3], known[4], known[5], known[6]
 end
 
 -- The state hash of an idle workspace expires IDLE_TTL after its last change; a busy one never
@@ -379,6 +409,7 @@ local function begin(args)
   LIM, SC, BUD, ALIVE = nil, nil, nil, nil
   REV, NOW_TEXT = nil, text
   RESULT_TRANSITIONS = {}
+  TAKEN_REPEATS, TAKEN_FOR = nil, nil
 end
 
 -- ------------------------------------------------------------------ epoch and processes
@@ -562,13 +593,15 @@ end
 
 -- Scopes are named W, P:<principal>, V:<provider> and X:<provider, length-prefixed><principal>.
 -- The names depend on the ids alone, so they are kept between calls (emptied when too many).
-local NAMES_P, NAMES_V, NAMES_X, NAMES_COUNT = {}, {}, {}, 0
+-- A budget hash counts an invocation's admissions per provider in the field r<provider,
+-- length-prefixed>.
+local NAMES_P, NAMES_V, NAMES_X, NAMES_R, NAMES_COUNT = {}, {}, {}, {}, 0
 local NAMES_MAX = 8192
 
 local function named(count)
   NAMES_COUNT = NAMES_COUNT + count
   if NAMES_COUNT > NAMES_MAX then
-    NAMES_P, NAMES_V, NAMES_X, NAMES_COUNT = {}, {}, {}, 0
+    NAMES_P, NAMES_V, NAMES_X, NAMES_R, NAMES_COUNT = {}, {}, {}, {}, 0
   end
 end
 
@@ -603,6 +636,15 @@ local function key_x(prov, pid)
     named(1)
     n = 'X:' .. enc(prov) .. pid
     of[pid] = n
+  end
+  return n
+end
+local function key_r(prov)
+  local n = NAMES_R[prov]
+  if n == nil then
+    named(1)
+    n = 'r' .. enc(prov)
+    NAMES_R[prov] = n
   end
   return n
 end
@@ -684,24 +726,29 @@ end
 -- --------------------------------------------------------------------------- buckets
 
 -- A bucket's level and time are the fields `lf` and `tf` of its scope (rl, rt or tl, tt).
-local function refill(s, lf, tf, cap, rate)
-  local lvl = s[lf]
+-- A bucket's level now, from its stored level and time (nil: full).
+local function refilled(lvl, t, cap, rate)
   if lvl == nil then return cap end
-  local elapsed = NOW - (s[tf] or NOW)
+  local elapsed = NOW - (t or NOW)
   if elapsed > 0 then lvl = lvl + elapsed * rate end
   if lvl > cap then lvl = cap end
   return lvl
 end
 
+-- A bucket's level and time to store once `amount` is taken from its level now (nil, nil:
+-- full again).
+local function taken(lvl, cap, amount)
+  lvl = lvl - amount
+  if lvl >= cap - EPS then return nil, nil end
+  return lvl, NOW
+end
+
+local function refill(s, lf, tf, cap, rate)
+  return refilled(s[lf], s[tf], cap, rate)
+end
+
 local function consume(s, lf, tf, cap, rate, amount)
-  local lvl = refill(s, lf, tf, cap, rate) - amount
-  if lvl >= cap - EPS then
-    s[lf] = nil
-    s[tf] = nil
-  else
-    s[lf] = lvl
-    s[tf] = NOW
-  end
+  s[lf], s[tf] = taken(refilled(s[lf], s[tf], cap, rate), cap, amount)
   s._dirty = true
 end
 
@@ -990,12 +1037,13 @@ local function admit(w, lp, lw, lv, offered)
   end
   -- Attempts of one invocation on this provider: a repeat is retry pressure. The budget key
   -- lives BUDGET_TTL from the invocation's first admission.
-  local repeats = redis.call('HINCRBY', bkey, budget_field('r', w.prov), '1')
-  if repeats == 1 then
-    redis.call('PEXPIRE', bkey, BUDGET_TTL_TEXT, 'NX')
-  else
-    pressure_event(w.prov)
+  local repeats = TAKEN_REPEATS
+  if repeats == nil or TAKEN_FOR ~= w.id then
+    repeats = redis.call('HINCRBY', bkey, key_r(w.prov), '1')
+    if repeats == 1 then redis.call('PEXPIRE', bkey, BUDGET_TTL_TEXT, 'NX') end
   end
+  TAKEN_REPEATS, TAKEN_FOR = nil, nil
+  if repeats ~= 1 then pressure_event(w.prov) end
   release_holds(w)
   local probe = 0
   if lv.bk ~= nil and sv.bs == 'half-open' then
@@ -1477,4 +1525,280 @@ local function open_ws(check_ready)
     return reply({st = 'recovering', ep = epoch, wait = ready - NOW})
   end
   return nil, epoch, ready
+end
+
+-- ------------------------------------------------------------------ the common acquire
+
+-- Leases given back ahead of an acquire that the common path takes along; more go the general
+-- way.
+local COMMON_RELEASES = 8
+
+-- Whether a lease given back (its arguments from ARGV[at]) is given back in the common way:
+-- taken by its process, no breaker probe, no retry-after, no budget to reconcile.
+local function plain_release(lease, at)
+  if lease.off ~= nil or lease.probe == 1 or ARGV[at + 2] ~= '' then return false end
+  return lease.bk ~= 1 or (ARGV[at + 3] == '' and ARGV[at + 4] == '')
+end
+
+-- The parsed limits of the profiles in use, by digest (a digest names the limits it covers,
+-- wherever they are installed): field name -> limits, false when the profile has none there.
+local PROFILES, PROFILES_COUNT = {}, 0
+
+-- The limits of the workspace, a principal and a provider, and the reserved permits, of the
+-- profile in `prof` whose digest is `dg`; read only when not known for that digest yet.
+local function profile_limits(prof, dg, np, nv)
+  local known = PROFILES[dg]
+  if known == nil then
+    if PROFILES_COUNT >= 4096 then PROFILES, PROFILES_COUNT = {}, 0 end
+    known = {}
+    PROFILES[dg] = known
+  end
+  local lw, lp, lv, rsv = known.W, known[np], known[nv], known.rsv
+  if lw == nil or lp == nil or lv == nil or rsv == nil then
+    local raw = redis.call('HMGET', prof, 'W', np, nv, 'rsv')
+    lw, lp, lv = decode_limits('W', raw[1]), decode_limits(np, raw[2]), decode_limits(nv, raw[3])
+    rsv = decode_limits('rsv', raw[4])
+    known.W, known[np], known[nv], known.rsv = lw, lp, lv, rsv
+    PROFILES_COUNT = PROFILES_COUNT + 4
+  end
+  return lw, lp, lv, rsv
+end
+
+-- A lease's scope other than the request's: its values after one permit is given back.
+local function give_back(extra, name)
+  local s = extra[name]
+  if s[1] >= 1 then s[1] = s[1] - 1 else s[1] = 0 end
+end
+
+-- An acquire in the common case, decided on locals: a request sent for the first time, at most
+-- COMMON_RELEASES leases given back first, nobody queued and no grant pending in the workspace,
+-- every scope it reads holding counts and buckets only, the revision current, no invocation
+-- budget, reserved permit, pause, breaker state or retry pressure in the way, and capacity free.
+-- It writes what the general path would write and answers the same text. In any other case it
+-- returns nil before it writes anything, and the general path decides; one thing is learnt only
+-- by writing (an invocation's repeat on a provider, from its repeat count), and then the general
+-- path takes that count over (TAKEN_REPEATS, see admit).
+--
+-- The request's four scopes are locals (a, q, rl, rt, tl, tt and the stored text of each);
+-- another scope of a lease given back is an entry of `extra`: name -> {a, q, rl, rt, tl, tt,
+-- text}.
+local function common_acquire()
+  if ARGV[20] ~= '1' then return nil end
+  local nrel = SHORT_NUM[ARGV[21]] or stored_num(ARGV[21])
+  if nrel == nil or nrel > COMMON_RELEASES then return nil end
+  local k = keyset(ARGV[2])
+  local r = redis.call('HMGET', k[10], 'id', 'ready', 'wait')
+  local epoch = r[1]
+  if not epoch or r[3] or not r[2] or (KNOWN_EPOCH ~= '' and KNOWN_EPOCH ~= epoch) then
+    return nil
+  end
+  if NOW < (SHORT_NUM[r[2]] or stored_num(r[2])) then return nil end
+  local pid, prov = ARGV[11], ARGV[12]
+  local np, nv, nx = key_p(pid), key_v(prov), key_x(prov, pid)
+  -- The leases given back, and the names of their scopes that are not the request's.
+  local ids, leases, extra, lease1 = nil, nil, nil, nil
+  if nrel == 1 then
+    local raw = redis.call('HGET', k[4], ARGV[22])
+    if not raw then return nil end
+    lease1 = WRITTEN_LEASES[raw] or cjson.decode(raw)
+    if not plain_release(lease1, 22) then return nil end
+  elseif nrel > 1 then
+    ids, leases = {}, {}
+    for i = 1, nrel do
+      local id = ARGV[17 + 5 * i]
+      for j = 1, i - 1 do
+        if ids[j] == id then return nil end
+      end
+      ids[i] = id
+    end
+    local raws = redis.call('HMGET', k[4], unpack(ids))
+    for i = 1, nrel do
+      local raw = raws[i]
+      if not raw then return nil end
+      local lease = WRITTEN_LEASES[raw] or cjson.decode(raw)
+      if not plain_release(lease, 17 + 5 * i) then return nil end
+      leases[i] = lease
+    end
+  end
+  for i = 1, nrel do
+    local lease = lease1 or leases[i]
+    local lp_, lv_, lx_ = key_p(lease.pid), key_v(lease.prov), key_x(lease.prov, lease.pid)
+    if lp_ ~= np or lv_ ~= nv then
+      extra = extra or {}
+      if lp_ ~= np then extra[lp_] = false end
+      if lv_ ~= nv then extra[lv_] = false end
+      extra[lx_] = false
+    end
+  end
+  -- The profile: its revision, and its limits by its digest.
+  r = redis.call('HMGET', k[2], 'rev', 'dg')
+  if r[1] ~= ARGV[9] or not r[2] then return nil end
+  local dg = r[2]
+  local lw, lp, lv, rsv = profile_limits(k[2], dg, np, nv)
+  if rsv or not lw or not lp or not lv then return nil end
+  if lp.ma ~= nil or lp.mc ~= nil or lp.mt ~= nil or lw.ma ~= nil or lw.mc ~= nil
+      or lw.mt ~= nil or lv.ma ~= nil or lv.mc ~= nil or lv.mt ~= nil then
+    return nil
+  end
+  -- The scopes, in the common shape only.
+  local names = nil
+  if extra == nil then
+    r = redis.call('HMGET', k[9], 'W', np, nv, nx)
+  else
+    names = {'W', np, nv, nx}
+    for name in pairs(extra) do names[#names + 1] = name end
+    r = redis.call('HMGET', k[9], unpack(names))
+    for i = 5, #names do
+      local text = r[i] or ''
+      local s = {unpack_common(text)}
+      if s[1] == false then return nil end
+      s[1], s[2], s[7] = s[1] or 0, s[2] or 0, text
+      extra[names[i]] = s
+    end
+  end
+  local wt, pt, vt, xt = r[1], r[2] or '', r[3] or '', r[4] or ''
+  if not wt then return nil end
+  local wa, wq, wrl, wrt, wtl, wtt = unpack_common(wt)
+  if wa == false or wq > 0 then return nil end
+  local pa, pq, prl, prt, ptl, ptt = unpack_common(pt)
+  if pa == false then return nil end
+  local va, vq, vrl, vrt, vtl, vtt = unpack_common(vt)
+  if va == false then return nil end
+  local xa, xq, xrl, xrt, xtl, xtt = unpack_common(xt)
+  if xa == false then return nil end
+  local idle_before = wa == 0
+  -- The leases go back (a failure under a breaker goes the general way).
+  for i = 1, nrel do
+    local lease = lease1 or leases[i]
+    local lpid, lprov = lease.pid, lease.prov
+    if ARGV[18 + 5 * i] == '0' then
+      local lim = lv
+      if lprov ~= prov then
+        local name = key_v(lprov)
+        lim = PROFILES[dg][name]
+        if lim == nil then lim = decode_limits(name, redis.call('HGET', k[2], name)) end
+      end
+      if lim and lim.bk ~= nil then return nil end
+    end
+    if wa >= 1 then wa = wa - 1 else wa = 0 end
+    local name = key_p(lpid)
+    if name == np then
+      if pa >= 1 then pa = pa - 1 else pa = 0 end
+    else
+      give_back(extra, name)
+    end
+    name = key_v(lprov)
+    if name == nv then
+      if va >= 1 then va = va - 1 else va = 0 end
+    else
+      give_back(extra, name)
+    end
+    name = key_x(lprov, lpid)
+    if name == nx then
+      if xa >= 1 then xa = xa - 1 else xa = 0 end
+    else
+      give_back(extra, name)
+    end
+  end
+  -- The checks: concurrency and shares, then the request buckets, then the token buckets, each
+  -- of the principal, the workspace and the provider.
+  if pa >= lp.c or wa >= lw.c or va >= lv.c then return nil end
+  if lw.sh ~= nil and pa >= max(1, floor(lw.sh * lw.c)) then return nil end
+  if lv.sh ~= nil and xa >= max(1, floor(lv.sh * lv.c)) then return nil end
+  -- (Each bucket's level now is kept for the taking.)
+  local prpm, wrpm, vrpm = lp.rpm, lw.rpm, lv.rpm
+  local pr, wr, vr, pk, wk, vk
+  if prpm ~= nil then
+    pr = refilled(prl, prt, prpm, prpm / 60000)
+    if pr < 1 - EPS then return nil end
+  end
+  if wrpm ~= nil then
+    wr = refilled(wrl, wrt, wrpm, wrpm / 60000)
+    if wr < 1 - EPS then return nil end
+  end
+  if vrpm ~= nil then
+    vr = refilled(vrl, vrt, vrpm, vrpm / 60000)
+    if vr < 1 - EPS then return nil end
+  end
+  local tok = tonumber(ARGV[14])
+  local need = tok or 0
+  local ptps, wtps, vtps = lp.tps, lw.tps, lv.tps
+  if ptps ~= nil then
+    pk = refilled(ptl, ptt, ptps, ptps / 1000)
+    if pk < need - EPS then return nil end
+  end
+  if wtps ~= nil then
+    wk = refilled(wtl, wtt, wtps, wtps / 1000)
+    if wk < need - EPS then return nil end
+  end
+  if vtps ~= nil then
+    vk = refilled(vtl, vtt, vtps, vtps / 1000)
+    if vk < need - EPS then return nil end
+  end
+  -- Admitted. The repeat count first: a repeat goes the general way, with its count taken.
+  local bkey = k[1] .. 'b:' .. ARGV[13]
+  local repeats = redis.call('HINCRBY', bkey, key_r(prov), '1')
+  if repeats ~= 1 then
+    TAKEN_REPEATS, TAKEN_FOR = repeats, ARGV[10]
+    return nil
+  end
+  redis.call('PEXPIRE', bkey, BUDGET_TTL_TEXT, 'NX')
+  pa, wa, va, xa = pa + 1, wa + 1, va + 1, xa + 1
+  if prpm ~= nil then prl, prt = taken(pr, prpm, 1) end
+  if wrpm ~= nil then wrl, wrt = taken(wr, wrpm, 1) end
+  if vrpm ~= nil then vrl, vrt = taken(vr, vrpm, 1) end
+  if need > 0 then
+    if ptps ~= nil then ptl, ptt = taken(pk, ptps, need) end
+    if wtps ~= nil then wtl, wtt = taken(wk, wtps, need) end
+    if vtps ~= nil then vtl, vtt = taken(vk, vtps, need) end
+  end
+  if nrel == 1 then
+    redis.call('HDEL', k[4], ARGV[22])
+  elseif nrel > 1 then
+    redis.call('HDEL', k[4], unpack(ids))
+  end
+  local lease = {proc = PROC, pid = pid, prov = prov, bud = ARGV[13], tok = tok,
+    cost = tonumber(ARGV[15]), gen = 0, probe = 0, at = NOW}
+  local text = lease_json(lease)
+  redis.call('HSET', k[4], ARGV[10], text)
+  if WRITTEN_LEASES_COUNT >= 1024 then WRITTEN_LEASES, WRITTEN_LEASES_COUNT = {}, 0 end
+  WRITTEN_LEASES[text] = lease
+  WRITTEN_LEASES_COUNT = WRITTEN_LEASES_COUNT + 1
+  if ARGV[19] ~= '1' then
+    redis.call('ZADD', k[11], string.format('%.17g', NOW + PROC_TTL), PROC)
+  end
+  -- The scopes that changed.
+  local set, del = {}, nil
+  local packed = pack_common(wa, wq, wrl, wrt, wtl, wtt)
+  if packed ~= wt then set[1], set[2] = 'W', packed end
+  packed = pack_common(pa, pq, prl, prt, ptl, ptt)
+  if packed ~= pt then set[#set + 1], set[#set + 2] = np, packed end
+  packed = pack_common(va, vq, vrl, vrt, vtl, vtt)
+  if packed ~= vt then set[#set + 1], set[#set + 2] = nv, packed end
+  packed = pack_common(xa, xq, xrl, xrt, xtl, xtt)
+  if packed ~= xt then set[#set + 1], set[#set + 2] = nx, packed end
+  if extra ~= nil then
+    for name, s in pairs(extra) do
+      packed = pack_common(s[1], s[2], s[3], s[4], s[5], s[6])
+      if packed ~= s[7] then
+        if packed == '' then
+          del = del or {}
+          del[#del + 1] = name
+        else
+          set[#set + 1], set[#set + 2] = name, packed
+        end
+      end
+    end
+  end
+  if del ~= nil then redis.call('HDEL', k[9], unpack(del)) end
+  if #set > 0 then redis.call('HSET', k[9], unpack(set)) end
+  if idle_before and (del ~= nil or #set > 0) then redis.call('PERSIST', k[9]) end
+  local rel = ''
+  if nrel == 1 then
+    rel = ',"rel":[{"st":"released"}]'
+  elseif nrel > 1 then
+    rel = ',"rel":[{"st":"released"}' .. string.rep(',{"st":"released"}', nrel - 1) .. ']'
+  end
+  return '{"st":"admit","a":' .. num(pa) .. ',"q":' .. num(pq) .. ',"rp":0,"bs":"closed","ep":'
+    .. json_text(epoch) .. rel .. '}'
 end
