@@ -1,0 +1,242 @@
+"""An acquire's common path (`common_acquire` in lib.lua) decides as the general path would.
+
+The function library is loaded twice into one Redis: as Sluice ships it, and with the common
+path switched off, so that every acquire goes the general way. Generated profiles (those of the
+agreement test: shares, queue lengths, request buckets, token estimates, breakers, budgets,
+reserved permits) and generated sequences of acquires, with leases given back ahead of them in
+every way a caller gives them back (success, failure, retry-after, actual tokens, several at
+once, one twice), are sent to both, each under a prefix of its own, with the same arguments. The
+answers must be the same, and so must what each leaves in Redis: every scope's permits in use,
+queued requests and request-bucket level, the leases and their records, the waiters, the
+invocations' budgets and repeat counts.
+
+What depends on the moment a call runs is left out: epochs' ids and times, the times stored
+with buckets, pauses, breakers, retry pressure and leases, wake times. Request buckets refill at
+most two requests a minute and the profiles have no token buckets (one refills within
+milliseconds), so the moments between the two sides' calls cannot change a decision; the plain
+case's token buckets are taken by the probe test below and by the checks.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from admission.coordination import scripts
+from admission.coordination.controller import profile_fields
+from admission.coordination.protocol import Acquire, Header, Install, Release, parse_scope
+from admission.core import Profile
+from tests.admission.coordination.conftest import SHARED_REDIS, WORKSPACE, _reachable
+from tests.admission.coordination.test_agreement import PRINCIPALS, PROVIDERS, profiles
+
+pytestmark = pytest.mark.skipif(
+    not _reachable(SHARED_REDIS), reason=f"the common-path test needs Redis at {SHARED_REDIS}"
+)
+
+SWITCH = "local common = common_acquire()"
+
+
+def general_only_library() -> tuple[str, str]:
+    """The library with the common path switched off, under a name of its own, and the name of
+    its acquire function."""
+    code = scripts.library_code()
+    assert code.count(SWITCH) == 1
+    name = scripts.function_name("acquire").rsplit("_", 1)[0]
+    code = code.replace(SWITCH, "local common = nil").replace(name, f"{name}_general")
+    return code, f"{name}_general_acquire"
+
+
+class Side:
+    """One library under one key prefix."""
+
+    def __init__(self, client: redis.Redis, function: str, prefix: str) -> None:
+        self.client = client
+        self.function = function
+        self.prefix = prefix
+        self.header = Header(prefix, WORKSPACE, 3_600_000, "proc-1", 20_000, "", 0, 86_400_000)
+
+    def call(self, function: str, args: list[Any]) -> dict[str, Any]:
+        key = f"{self.prefix}:{{{WORKSPACE}}}:epoch"
+        raw = self.client.fcall(function, 1, key, *self.header.pack(), *args)
+        return dict(json.loads(raw))
+
+    def stored(self) -> dict[str, Any]:
+        """What the side keeps, with what depends on the moment left out."""
+        base = f"{self.prefix}:{{{WORKSPACE}}}:"
+        out: dict[str, Any] = {}
+        for name, raw in self.client.hgetall(base + "s").items():
+            fields = parse_scope(raw)
+            for moment in ("rt", "tt", "pz", "bo", "pl", "tb"):
+                fields.pop(moment, None)
+            for level in ("rl", "tl"):
+                if level in fields:
+                    fields[level] = round(float(fields[level]), 3)
+            out[f"scope {name.decode()}"] = fields
+        for lease_id, raw in self.client.hgetall(base + "L").items():
+            lease = json.loads(raw)
+            lease.pop("at", None)
+            lease.pop("off", None)
+            out[f"lease {lease_id.decode()}"] = lease
+        for waiter_id, raw in self.client.hgetall(base + "W").items():
+            waiter = json.loads(raw)
+            for moment in ("arr", "exp"):
+                waiter.pop(moment, None)
+            out[f"waiter {waiter_id.decode()}"] = waiter
+        for key in self.client.scan_iter(match=base + "b:*"):
+            out[key.decode()[len(base) :]] = self.client.hgetall(key)
+        for key in self.client.scan_iter(match=base + "q:*"):
+            out[key.decode()[len(base) :]] = self.client.lrange(key, 0, -1)
+        return out
+
+
+MOMENTS = ("ep", "wake", "wait", "op", "pz", "atEpochMs")
+
+
+def comparable(value: Any) -> Any:
+    """An answer without what depends on the moment (the epoch's id, wake, wait and pause
+    times, the times of breaker transitions), at any depth."""
+    if isinstance(value, dict):
+        return {k: comparable(v) for k, v in value.items() if k not in MOMENTS}
+    if isinstance(value, list):
+        return [comparable(item) for item in value]
+    return value
+
+
+outcomes = st.tuples(
+    st.sampled_from([True, False, None]),
+    st.sampled_from([None, None, None, 250.0]),
+    st.sampled_from([None, None, 3]),
+)
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(PRINCIPALS),
+        st.sampled_from(PROVIDERS),
+        st.sampled_from([None, 0, 2, 5]),
+        st.sampled_from(["inv-1", "inv-2", "fresh"]),
+        # Leases given back first: indexes into those held, each with an outcome.
+        st.lists(st.tuples(st.integers(0, 7), outcomes), max_size=3),
+        st.booleans(),
+    ),
+    min_size=1,
+    max_size=16,
+)
+
+
+@settings(max_examples=100)
+@given(document=profiles(), sequence=steps)
+def test_the_common_path_answers_and_writes_what_the_general_path_would(
+    document: dict[str, Any], sequence: list[Any]
+) -> None:
+    client = redis.Redis.from_url(SHARED_REDIS)
+    code, general = general_only_library()
+    client.function_load(code, replace=True)
+    client.function_load(scripts.library_code(), replace=True)
+    run = uuid.uuid4().hex[:8]
+    sides = [
+        Side(client, scripts.function_name("acquire"), f"common{run}"),
+        Side(client, general, f"general{run}"),
+    ]
+    profile = Profile.from_dict(document, workspace_id=WORKSPACE)
+    install = Install(profile.profile_version, 1, profile.profile_digest, profile_fields(profile))
+    try:
+        for side in sides:
+            answer = side.call(scripts.function_name("install"), install.pack())
+            assert answer["st"] == "installed", answer
+        held: list[str] = []
+        for index, (principal, provider, tokens, budget, giving, registered) in enumerate(sequence):
+            releases = []
+            for pick, (success, retry_after, actual) in giving:
+                if held:
+                    lease_id = held[pick % len(held)]
+                    releases.append(Release(lease_id, success, retry_after, actual, None))
+            request_id = f"r{index}"
+            call = Acquire(
+                profile.profile_version,
+                request_id,
+                principal,
+                provider,
+                f"inv-{index}" if budget == "fresh" else budget,
+                tokens,
+                None,
+                1,
+                None,
+                None,
+                registered,
+                True,
+                tuple(releases),
+            )
+            answers = [side.call(side.function, call.pack()) for side in sides]
+            assert comparable(answers[0]) == comparable(answers[1]), (index, answers)
+            assert sides[0].stored() == sides[1].stored(), index
+            for release in releases:
+                if release.lease_id in held:
+                    held.remove(release.lease_id)
+            if answers[0]["st"] == "admit":
+                held.append(request_id)
+    finally:
+        for side in sides:
+            keys = list(client.scan_iter(match=f"{side.prefix}:*"))
+            if keys:
+                client.delete(*keys)
+        client.function_delete(general.rsplit("_", 1)[0])
+        client.close()
+
+
+def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
+    """Which acquires the common path decides, seen through a copy of the library whose common
+    path says so in its answer (`st` "common"); the general path answers as it always does."""
+    code = scripts.library_code()
+    taken = "if common then return common end"
+    assert code.count(taken) == 1
+    name = scripts.function_name("acquire").rsplit("_", 1)[0]
+    code = code.replace(taken, """if common then return '{"st":"common"}' end""")
+    client = redis.Redis.from_url(SHARED_REDIS)
+    client.function_load(code.replace(name, f"{name}_probe"), replace=True)
+    side = Side(client, f"{name}_probe_acquire", f"probe{uuid.uuid4().hex[:8]}")
+    document = {
+        "profileVersion": "probe-v1",
+        "workspace": {"concurrency": 10, "requestsPerMinute": 600},
+        "providers": {"llm": {"concurrency": 10, "tokensPerSecond": 1000}},
+        "principals": {"alice": {"concurrency": 5}, "bob": {"concurrency": 5, "maxAttempts": 3}},
+    }
+    profile = Profile.from_dict(document, workspace_id=WORKSPACE)
+    install = Install(profile.profile_version, 1, profile.profile_digest, profile_fields(profile))
+
+    def acquire(request_id: str, *releases: Release, principal: str = "alice", budget: str = "",
+                fresh: bool = True) -> str:  # fmt: skip
+        call = Acquire(
+            "probe-v1", request_id, principal, "llm", budget or request_id, 10, None, 1, None,
+            None, True, fresh, releases,
+        )  # fmt: skip
+        return str(side.call(side.function, call.pack())["st"])
+
+    try:
+        assert side.call(f"{name}_probe_install", install.pack())["st"] == "installed"
+        # Nothing stored for the workspace yet: the general path looks for a withdrawn copy.
+        assert acquire("r1") == "admit"
+        assert acquire("r2", Release("r1", True, None, 8, None)) == "common"
+        assert acquire("r3", Release("r2", None), budget="shared") == "common"
+        # Sent again after a lost answer: the general path looks for what the first copy took.
+        assert acquire("r3", fresh=False) == "admit"
+        # A principal with an invocation budget; a lease given back twice in one call.
+        assert acquire("r4", principal="bob") == "admit"
+        assert acquire("r5", Release("r4", True), Release("r4", True)) == "admit"
+        # A second admission of one invocation on the provider is a repeat (retry pressure):
+        # the general path decides it with the count the common path took, counted once.
+        assert acquire("r6", budget="shared") == "admit"
+        repeats = client.hgetall(f"{side.prefix}:{{{WORKSPACE}}}:b:shared")
+        assert repeats == {b"r3:llm": b"2"}
+        # A retry-after pauses the provider: the request given back with it waits.
+        assert acquire("r7", Release("r5", False, 60_000.0)) == "queued"
+    finally:
+        keys = list(client.scan_iter(match=f"{side.prefix}:*"))
+        if keys:
+            client.delete(*keys)
+        client.function_delete(f"{name}_probe")
+        client.close()
