@@ -73,8 +73,8 @@ local GRANT_TTL
 local LIM, SC, BUD, ALIVE, RESULT_TRANSITIONS
 -- The profile's revision as this call read it (nil: not read yet; false: no profile).
 local REV
--- NOW as stored (formatted once per call).
-local NOW_TEXT
+-- NOW as stored (formatted once per call), and NOW in whole microseconds.
+local NOW_TEXT, NOW_US
 
 -- A scope's state is one field of the workspace's state hash (P:{ws}:s), its value the fields
 -- below in this order, comma-separated, '' for a field at its default, trailing defaults left
@@ -96,9 +96,17 @@ local INT_TEXT = {}
 local SHORT_NUM, SHORT_NUM_COUNT = {}, 0
 local WHOLE_TEXT, WHOLE_TEXT_COUNT = {}, 0
 
+-- NOW as stored: whole milliseconds, or three decimals (the microseconds), which read back as
+-- NOW exactly (NOW is within far less than half a thousandth of that decimal).
+local function now_text()
+  local micro = NOW_US % 1000
+  if micro == 0 then return string.format('%d', NOW) end
+  return string.format('%d.%03d', (NOW_US - micro) / 1000, micro)
+end
+
 local function num(v)
   if v == NOW then
-    if NOW_TEXT == nil then NOW_TEXT = string.format('%.17g', NOW) end
+    if NOW_TEXT == nil then NOW_TEXT = now_text() end
     return NOW_TEXT
   end
   if v >= 0 and v < 1024 then
@@ -169,20 +177,20 @@ local function pack_common(a, q, rl, rt, tl, tt)
   if rl == nil and rt == nil and tl == nil and tt == nil then
     if q == nil or q == 0 then
       if a == nil or a == 0 then return '' end
-      return num(a)
+      return INT_TEXT[a] or num(a)
     end
-    if a == nil or a == 0 then return ',' .. num(q) end
-    return num(a) .. ',' .. num(q)
+    if a == nil or a == 0 then return ',' .. (INT_TEXT[q] or num(q)) end
+    return (INT_TEXT[a] or num(a)) .. ',' .. (INT_TEXT[q] or num(q))
   end
   local pa, pq, prl, prt, ptl = '', '', '', '', ''
-  if a ~= nil and a ~= 0 then pa = num(a) end
-  if q ~= nil and q ~= 0 then pq = num(q) end
-  if rl ~= nil then prl = num(rl) end
-  if rt ~= nil then prt = num(rt) end
+  if a ~= nil and a ~= 0 then pa = INT_TEXT[a] or num(a) end
+  if q ~= nil and q ~= 0 then pq = INT_TEXT[q] or num(q) end
+  if rl ~= nil then prl = WHOLE_TEXT[rl] or num(rl) end
+  if rt ~= nil then prt = rt == NOW and NOW_TEXT or num(rt) end
   local packed
   if tt ~= nil then
-    if tl ~= nil then ptl = num(tl) end
-    packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. ptl .. ',' .. num(tt)
+    if tl ~= nil then ptl = WHOLE_TEXT[tl] or num(tl) end
+    packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. ptl .. ',' .. (tt == NOW and NOW_TEXT or num(tt))
   elseif tl ~= nil then
     packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. num(tl)
   elseif rt ~= nil then
@@ -385,29 +393,27 @@ local function begin(args)
   floor, max, min = math.floor, math.max, math.min
   ARGV = args
   PFX = args[1]
-  IDLE_TTL = setting(args[3])
+  local idle, budget = args[3], args[8]
+  IDLE_TTL = SETTINGS[idle] or setting(idle)
   PROC = args[4]
-  PROC_TTL = setting(args[5])
+  PROC_TTL = SETTINGS[args[5]] or setting(args[5])
   KNOWN_EPOCH = args[6]
-  GRACE = setting(args[7])
-  BUDGET_TTL = setting(args[8])
-  IDLE_TTL_TEXT, BUDGET_TTL_TEXT = setting_text(args[3]), setting_text(args[8])
+  GRACE = SETTINGS[args[7]] or setting(args[7])
+  BUDGET_TTL = SETTINGS[budget] or setting(budget)
+  IDLE_TTL_TEXT = SETTING_TEXTS[idle] or setting_text(idle)
+  BUDGET_TTL_TEXT = SETTING_TEXTS[budget] or setting_text(budget)
   GRANT_TTL = PROC_TTL / 2
-  -- The time in ms with three decimals, written from TIME's texts; NOW is that text's value, so
-  -- the text stores it exactly.
+  -- The time in ms, with the microseconds as three decimals: one division of the whole number of
+  -- microseconds, so NOW is the value of that decimal text exactly (see now_text).
   local t = redis.call('TIME')
-  local us = t[2]
-  if #us < 6 then us = string.sub('00000' .. us, -6) end
-  local text = t[1] .. string.sub(us, 1, 3)
-  local frac = string.sub(us, 4)
-  if frac ~= '000' then text = text .. '.' .. frac end
-  NOW = tonumber(text)
+  NOW_US = t[1] * 1000000 + t[2]
+  NOW = NOW_US / 1000
   EPOCH_KEY, PROCS = nil, nil
   REGISTERED = false
   WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil, nil
   OFFERS, STATE = nil, nil
   LIM, SC, BUD, ALIVE = nil, nil, nil, nil
-  REV, NOW_TEXT = nil, text
+  REV, NOW_TEXT = nil, nil
   RESULT_TRANSITIONS = {}
   TAKEN_REPEATS, TAKEN_FOR = nil, nil
 end
@@ -1000,16 +1006,26 @@ end
 local WRITTEN_LEASES, WRITTEN_LEASES_COUNT = {}, 0
 
 -- A lease as JSON (what cjson.encode writes, put together directly).
-local function lease_json(l)
-  local out = '{"proc":' .. json_text(l.proc) .. ',"pid":' .. json_text(l.pid) .. ',"prov":'
-    .. json_text(l.prov) .. ',"bud":' .. json_text(l.bud) .. ',"gen":' .. num(l.gen)
-    .. ',"probe":' .. num(l.probe) .. ',"at":' .. num(l.at)
-  if l.tok ~= nil then out = out .. ',"tok":' .. num(l.tok) end
-  if l.cost ~= nil then out = out .. ',"cost":' .. num(l.cost) end
-  if l.bk ~= nil then out = out .. ',"bk":' .. num(l.bk) end
-  if l.off ~= nil then out = out .. ',"off":' .. num(l.off) end
+local function lease_text(proc, pid, prov, bud, gen, probe, at, tok, cost, bk, off)
+  local out = '{"proc":' .. (JSON_TEXTS[proc] or json_text(proc)) .. ',"pid":'
+    .. (JSON_TEXTS[pid] or json_text(pid)) .. ',"prov":' .. (JSON_TEXTS[prov] or json_text(prov))
+    .. ',"bud":' .. json_text(bud) .. ',"gen":' .. (INT_TEXT[gen] or num(gen))
+    .. ',"probe":' .. (INT_TEXT[probe] or num(probe)) .. ',"at":' .. num(at)
+  if tok ~= nil then out = out .. ',"tok":' .. (INT_TEXT[tok] or num(tok)) end
+  if cost ~= nil then out = out .. ',"cost":' .. num(cost) end
+  if bk ~= nil then out = out .. ',"bk":' .. num(bk) end
+  if off ~= nil then out = out .. ',"off":' .. num(off) end
   return out .. '}'
 end
+
+local function lease_json(l)
+  return lease_text(l.proc, l.pid, l.prov, l.bud, l.gen, l.probe, l.at, l.tok, l.cost, l.bk, l.off)
+end
+
+-- Leases the common acquire wrote (taken by their process, no breaker probe, no budget), by
+-- their text: principal and provider, all a lease given back in the common way needs. What a
+-- text holds depends on the text alone. Emptied when they hold too many.
+local PLAIN_PIDS, PLAIN_PROVS, PLAIN_COUNT = {}, {}, 0
 
 local function admit(w, lp, lw, lv, offered)
   local sp, sw, sv, sx = scopes_of(w.pid, w.prov)
@@ -1533,11 +1549,17 @@ end
 -- way.
 local COMMON_RELEASES = 8
 
--- Whether a lease given back (its arguments from ARGV[at]) is given back in the common way:
--- taken by its process, no breaker probe, no retry-after, no budget to reconcile.
-local function plain_release(lease, at)
-  if lease.off ~= nil or lease.probe == 1 or ARGV[at + 2] ~= '' then return false end
-  return lease.bk ~= 1 or (ARGV[at + 3] == '' and ARGV[at + 4] == '')
+-- The principal and provider of a lease given back in the common way (its arguments from
+-- ARGV[at]): taken by its process, no breaker probe, no retry-after, no budget to reconcile;
+-- nil otherwise.
+local function plain_lease(raw, at)
+  if ARGV[at + 2] ~= '' then return nil end
+  local pid = PLAIN_PIDS[raw]
+  if pid ~= nil then return pid, PLAIN_PROVS[raw] end
+  local lease = WRITTEN_LEASES[raw] or cjson.decode(raw)
+  if lease.off ~= nil or lease.probe == 1 then return nil end
+  if lease.bk == 1 and (ARGV[at + 3] ~= '' or ARGV[at + 4] ~= '') then return nil end
+  return lease.pid, lease.prov
 end
 
 -- The parsed limits of the profiles in use, by digest (a digest names the limits it covers,
@@ -1594,16 +1616,16 @@ local function common_acquire()
   end
   if NOW < (SHORT_NUM[r[2]] or stored_num(r[2])) then return nil end
   local pid, prov = ARGV[11], ARGV[12]
-  local np, nv, nx = key_p(pid), key_v(prov), key_x(prov, pid)
+  local np, nv, nx = NAMES_P[pid] or key_p(pid), NAMES_V[prov] or key_v(prov), key_x(prov, pid)
   -- The leases given back, and the names of their scopes that are not the request's.
-  local ids, leases, extra, lease1 = nil, nil, nil, nil
+  local ids, lpids, lprovs, extra, lpid1, lprov1 = nil, nil, nil, nil, nil, nil
   if nrel == 1 then
     local raw = redis.call('HGET', k[4], ARGV[22])
     if not raw then return nil end
-    lease1 = WRITTEN_LEASES[raw] or cjson.decode(raw)
-    if not plain_release(lease1, 22) then return nil end
+    lpid1, lprov1 = plain_lease(raw, 22)
+    if lpid1 == nil then return nil end
   elseif nrel > 1 then
-    ids, leases = {}, {}
+    ids, lpids, lprovs = {}, {}, {}
     for i = 1, nrel do
       local id = ARGV[17 + 5 * i]
       for j = 1, i - 1 do
@@ -1615,14 +1637,15 @@ local function common_acquire()
     for i = 1, nrel do
       local raw = raws[i]
       if not raw then return nil end
-      local lease = WRITTEN_LEASES[raw] or cjson.decode(raw)
-      if not plain_release(lease, 17 + 5 * i) then return nil end
-      leases[i] = lease
+      local lpid, lprov = plain_lease(raw, 17 + 5 * i)
+      if lpid == nil then return nil end
+      lpids[i], lprovs[i] = lpid, lprov
     end
   end
   for i = 1, nrel do
-    local lease = lease1 or leases[i]
-    local lp_, lv_, lx_ = key_p(lease.pid), key_v(lease.prov), key_x(lease.prov, lease.pid)
+    local lpid, lprov = lpid1, lprov1
+    if nrel > 1 then lpid, lprov = lpids[i], lprovs[i] end
+    local lp_, lv_, lx_ = key_p(lpid), key_v(lprov), key_x(lprov, lpid)
     if lp_ ~= np or lv_ ~= nv then
       extra = extra or {}
       if lp_ ~= np then extra[lp_] = false end
@@ -1669,8 +1692,8 @@ local function common_acquire()
   local idle_before = wa == 0
   -- The leases go back (a failure under a breaker goes the general way).
   for i = 1, nrel do
-    local lease = lease1 or leases[i]
-    local lpid, lprov = lease.pid, lease.prov
+    local lpid, lprov = lpid1, lprov1
+    if nrel > 1 then lpid, lprov = lpids[i], lprovs[i] end
     if ARGV[18 + 5 * i] == '0' then
       local lim = lv
       if lprov ~= prov then
@@ -1757,13 +1780,11 @@ local function common_acquire()
   elseif nrel > 1 then
     redis.call('HDEL', k[4], unpack(ids))
   end
-  local lease = {proc = PROC, pid = pid, prov = prov, bud = ARGV[13], tok = tok,
-    cost = tonumber(ARGV[15]), gen = 0, probe = 0, at = NOW}
-  local text = lease_json(lease)
+  local text = lease_text(PROC, pid, prov, ARGV[13], 0, 0, NOW, tok, tonumber(ARGV[15]))
   redis.call('HSET', k[4], ARGV[10], text)
-  if WRITTEN_LEASES_COUNT >= 1024 then WRITTEN_LEASES, WRITTEN_LEASES_COUNT = {}, 0 end
-  WRITTEN_LEASES[text] = lease
-  WRITTEN_LEASES_COUNT = WRITTEN_LEASES_COUNT + 1
+  if PLAIN_COUNT >= 1024 then PLAIN_PIDS, PLAIN_PROVS, PLAIN_COUNT = {}, {}, 0 end
+  PLAIN_PIDS[text], PLAIN_PROVS[text] = pid, prov
+  PLAIN_COUNT = PLAIN_COUNT + 1
   if ARGV[19] ~= '1' then
     redis.call('ZADD', k[11], string.format('%.17g', NOW + PROC_TTL), PROC)
   end
