@@ -425,11 +425,13 @@ class _LoopConnections:
         self._opening.add(task)
         task.add_done_callback(self._opening.discard)
 
+    @staticmethod
+    async def _connect() -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(**_connection_params(), autocommit=True)
+
     async def _spare(self) -> None:
         try:
-            connection = await psycopg.AsyncConnection.connect(
-                **_connection_params(), autocommit=True
-            )
+            connection = await self._connect()
         except psycopg.Error:
             return
         if self._in_use + len(self._idle) >= self._size:
@@ -446,9 +448,7 @@ class _LoopConnections:
                     connection = self._idle.pop()
                 else:
                     try:
-                        connection = await psycopg.AsyncConnection.connect(
-                            **_connection_params(), autocommit=True
-                        )
+                        connection = await self._connect()
                     except psycopg.Error as error:
                         raise _django_error(error) from error
                 if not self._idle and not self._opening and self._room():
