@@ -132,14 +132,20 @@ local function num(v)
   return string.format('%.17g', v)
 end
 
--- A string as JSON, written directly when it needs no escaping (ids usually do not). Kept
--- between calls for the few texts it is asked for (epochs).
+-- A string as JSON, written directly when it needs no escaping (ids usually do not).
+local function json_string(s)
+  if string.find(s, '[%c"\\\128-\255]') then return cjson.encode(s) end
+  return '"' .. s .. '"'
+end
+
+-- The same, kept between calls, for texts that recur (epochs, processes, principals,
+-- providers); ids used once (budgets) go without.
 local JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0
 
 local function json_text(s)
   local out = JSON_TEXTS[s]
   if out == nil then
-    if string.find(s, '[%c"\\\128-\255]') then out = cjson.encode(s) else out = '"' .. s .. '"' end
+    out = json_string(s)
     if JSON_TEXTS_COUNT >= 256 then JSON_TEXTS, JSON_TEXTS_COUNT = {}, 0 end
     JSON_TEXTS[s] = out
     JSON_TEXTS_COUNT = JSON_TEXTS_COUNT + 1
@@ -529,6 +535,8 @@ local function parse_limits(raw)
     lim.bk = {ft = lim.ft, om = lim.om, hm = lim.hm}
     lim.ft, lim.om, lim.hm = nil, nil, nil
   end
+  -- Whether the scope keeps invocation budgets (attempts, cost or tokens).
+  lim.budgeted = lim.ma ~= nil or lim.mc ~= nil or lim.mt ~= nil
   return lim
 end
 
@@ -874,15 +882,8 @@ local function budget_reason(b, field, lim, w)
 end
 
 -- Invocation budgets of the three scopes; a failure rejects (never defers).
-local function keeps_budget(lim)
-  return lim.ma ~= nil or lim.mc ~= nil or lim.mt ~= nil
-end
-
 local function budgets_reason(w, lp, lw, lv)
-  if lp.ma == nil and lp.mc == nil and lp.mt == nil and lw.ma == nil and lw.mc == nil
-      and lw.mt == nil and lv.ma == nil and lv.mc == nil and lv.mt == nil then
-    return nil
-  end
+  if not (lp.budgeted or lw.budgeted or lv.budgeted) then return nil end
   local b = budget(w.bud)
   return budget_reason(b, budget_field('P', w.pid), lp, w)
     or budget_reason(b, 'W', lw, w)
@@ -1009,7 +1010,7 @@ local WRITTEN_LEASES, WRITTEN_LEASES_COUNT = {}, 0
 local function lease_text(proc, pid, prov, bud, gen, probe, at, tok, cost, bk, off)
   local out = '{"proc":' .. (JSON_TEXTS[proc] or json_text(proc)) .. ',"pid":'
     .. (JSON_TEXTS[pid] or json_text(pid)) .. ',"prov":' .. (JSON_TEXTS[prov] or json_text(prov))
-    .. ',"bud":' .. json_text(bud) .. ',"gen":' .. (INT_TEXT[gen] or num(gen))
+    .. ',"bud":' .. json_string(bud) .. ',"gen":' .. (INT_TEXT[gen] or num(gen))
     .. ',"probe":' .. (INT_TEXT[probe] or num(probe)) .. ',"at":' .. num(at)
   if tok ~= nil then out = out .. ',"tok":' .. (INT_TEXT[tok] or num(tok)) end
   if cost ~= nil then out = out .. ',"cost":' .. num(cost) end
@@ -1041,7 +1042,7 @@ local function admit(w, lp, lw, lv, offered)
     if i == 1 then kind, id, lim, s = 'P', w.pid, lp, sp
     elseif i == 2 then kind, id, lim, s = 'W', nil, lw, sw
     else kind, id, lim, s = 'V', w.prov, lv, sv end
-    if lim.ma ~= nil or lim.mc ~= nil or lim.mt ~= nil then
+    if lim.budgeted then
       local f = budget_field(kind, id)
       redis.call('HINCRBY', bkey, f .. 'a', w.att)
       if w.cost ~= nil then redis.call('HINCRBYFLOAT', bkey, f .. 'c', w.cost) end
@@ -1070,10 +1071,7 @@ local function admit(w, lp, lw, lv, offered)
     proc = w.proc, pid = w.pid, prov = w.prov, bud = w.bud, tok = w.tok, cost = w.cost,
     gen = sv.bg or 0, probe = probe, at = NOW,
   }
-  if lp.ma ~= nil or lp.mc ~= nil or lp.mt ~= nil or lw.ma ~= nil or lw.mc ~= nil
-      or lw.mt ~= nil or lv.ma ~= nil or lv.mc ~= nil or lv.mt ~= nil then
-    lease.bk = 1
-  end
+  if lp.budgeted or lw.budgeted or lv.budgeted then lease.bk = 1 end
   if offered then
     -- Granted to a waiter: its process takes it (take) or it lapses back to the pool.
     lease.off = NOW + GRANT_TTL
@@ -1659,10 +1657,7 @@ local function common_acquire()
   local dg = r[2]
   local lw, lp, lv, rsv = profile_limits(k[2], dg, np, nv)
   if rsv or not lw or not lp or not lv then return nil end
-  if lp.ma ~= nil or lp.mc ~= nil or lp.mt ~= nil or lw.ma ~= nil or lw.mc ~= nil
-      or lw.mt ~= nil or lv.ma ~= nil or lv.mc ~= nil or lv.mt ~= nil then
-    return nil
-  end
+  if lp.budgeted or lw.budgeted or lv.budgeted then return nil end
   -- The scopes, in the common shape only.
   local names = nil
   if extra == nil then
