@@ -53,6 +53,9 @@ local EPOCH_READY = nil
 local REGISTERED = false
 -- The repeat count an acquire took already for the request TAKEN_FOR (see common_acquire).
 local TAKEN_REPEATS, TAKEN_FOR = nil, nil
+-- The epoch the common acquire read (its key, id and ready time) when it had no processes left
+-- to wait for: epoch_check takes it rather than reading it again.
+local READ_EPOCH_KEY, READ_EPOCH_ID, READ_EPOCH_READY = nil, nil, nil
 
 local EPS = 1e-9
 local PRESSURE_WINDOW = 60000
@@ -422,6 +425,7 @@ local function begin(args)
   REV, NOW_TEXT = nil, nil
   RESULT_TRANSITIONS = {}
   TAKEN_REPEATS, TAKEN_FOR = nil, nil
+  READ_EPOCH_KEY = nil
 end
 
 -- ------------------------------------------------------------------ epoch and processes
@@ -475,6 +479,10 @@ local function epoch_waiting(ready, waiting, began)
 end
 
 local function epoch_check()
+  if READ_EPOCH_KEY == EPOCH_KEY then
+    EPOCH_READY = READ_EPOCH_READY
+    return READ_EPOCH_ID, READ_EPOCH_READY
+  end
   local stored = redis.call('HMGET', EPOCH_KEY, 'id', 'ready', 'wait', 'at')
   local id, ready = stored[1], stored[2] and stored_num(stored[2]) or 0
   if not id then
@@ -1562,6 +1570,7 @@ end
 
 -- The parsed limits of the profiles in use, by digest (a digest names the limits it covers,
 -- wherever they are installed): field name -> limits, false when the profile has none there.
+-- Emptied when it holds too many fields.
 local PROFILES, PROFILES_COUNT = {}, 0
 
 -- The limits of the workspace, a principal and a provider, and the reserved permits, of the
@@ -1569,12 +1578,15 @@ local PROFILES, PROFILES_COUNT = {}, 0
 local function profile_limits(prof, dg, np, nv)
   local known = PROFILES[dg]
   if known == nil then
-    if PROFILES_COUNT >= 4096 then PROFILES, PROFILES_COUNT = {}, 0 end
     known = {}
     PROFILES[dg] = known
   end
   local lw, lp, lv, rsv = known.W, known[np], known[nv], known.rsv
   if lw == nil or lp == nil or lv == nil or rsv == nil then
+    if PROFILES_COUNT >= 4096 then
+      known = {}
+      PROFILES, PROFILES_COUNT = {[dg] = known}, 0
+    end
     local raw = redis.call('HMGET', prof, 'W', np, nv, 'rsv')
     lw, lp, lv = decode_limits('W', raw[1]), decode_limits(np, raw[2]), decode_limits(nv, raw[3])
     rsv = decode_limits('rsv', raw[4])
@@ -1612,9 +1624,18 @@ local function common_acquire()
   if not epoch or r[3] or not r[2] or (KNOWN_EPOCH ~= '' and KNOWN_EPOCH ~= epoch) then
     return nil
   end
-  if NOW < (SHORT_NUM[r[2]] or stored_num(r[2])) then return nil end
+  local ready = SHORT_NUM[r[2]] or stored_num(r[2])
+  READ_EPOCH_KEY, READ_EPOCH_ID, READ_EPOCH_READY = k[10], epoch, ready
+  if NOW < ready then return nil end
   local pid, prov = ARGV[11], ARGV[12]
   local np, nv, nx = NAMES_P[pid] or key_p(pid), NAMES_V[prov] or key_v(prov), key_x(prov, pid)
+  -- The profile: its revision, and its limits by its digest.
+  r = redis.call('HMGET', k[2], 'rev', 'dg')
+  if r[1] ~= ARGV[9] or not r[2] then return nil end
+  local dg = r[2]
+  local lw, lp, lv, rsv = profile_limits(k[2], dg, np, nv)
+  if rsv or not lw or not lp or not lv then return nil end
+  if lp.budgeted or lw.budgeted or lv.budgeted then return nil end
   -- The leases given back, and the names of their scopes that are not the request's.
   local ids, lpids, lprovs, extra, lpid1, lprov1 = nil, nil, nil, nil, nil, nil
   if nrel == 1 then
@@ -1651,13 +1672,6 @@ local function common_acquire()
       extra[lx_] = false
     end
   end
-  -- The profile: its revision, and its limits by its digest.
-  r = redis.call('HMGET', k[2], 'rev', 'dg')
-  if r[1] ~= ARGV[9] or not r[2] then return nil end
-  local dg = r[2]
-  local lw, lp, lv, rsv = profile_limits(k[2], dg, np, nv)
-  if rsv or not lw or not lp or not lv then return nil end
-  if lp.budgeted or lw.budgeted or lv.budgeted then return nil end
   -- The scopes, in the common shape only.
   local names = nil
   if extra == nil then
