@@ -199,7 +199,8 @@ local function pack_common(a, q, rl, rt, tl, tt)
   local packed
   if tt ~= nil then
     if tl ~= nil then ptl = WHOLE_TEXT[tl] or num(tl) end
-    packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. ptl .. ',' .. (tt == NOW and NOW_TEXT or num(tt))
+    local ptt = tt == NOW and NOW_TEXT or num(tt)
+    packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. ptl .. ',' .. ptt
   elseif tl ~= nil then
     packed = pa .. ',' .. pq .. ',' .. prl .. ',' .. prt .. ',' .. num(tl)
   elseif rt ~= nil then
