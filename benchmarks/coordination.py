@@ -52,13 +52,20 @@ WORKSPACE = "bench"
 WIDE = {"concurrency": 1_000_000, "requestsPerMinute": 1e12, "maxQueueLength": 1_000_000}
 
 
-def profile(principals: int = 8, *, workspace: dict[str, Any] | None = None) -> Profile:
+def profile(
+    principals: int = 8, *, workspace: dict[str, Any] | None = None, budgets: bool = False
+) -> Profile:
+    """The benchmark's profile; with `budgets`, every principal keeps an invocation budget
+    (attempts) too large to refuse anything, so only its bookkeeping costs."""
+    limits: dict[str, Any] = {"concurrency": 1_000_000}
+    if budgets:
+        limits["maxAttempts"] = 1_000_000
     return Profile.from_dict(
         {
             "profileVersion": "bench",
             "workspace": workspace or WIDE,
             "providers": {"llm": {**WIDE, "tokensPerSecond": 1e12}},
-            "principals": {f"p{i}": {"concurrency": 1_000_000} for i in range(principals)},
+            "principals": {f"p{i}": dict(limits) for i in range(principals)},
         },
         workspace_id=WORKSPACE,
     )
@@ -69,12 +76,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def coordinated(url: str, prefix: str) -> tuple[AdmissionRegistry, RedisCoordinator]:
+def coordinated(
+    url: str, prefix: str, *, budgets: bool = False
+) -> tuple[AdmissionRegistry, RedisCoordinator]:
     coordinator = RedisCoordinator(
         CoordinationSettings(url=url, prefix=prefix, recovery_grace_ms=0, timeout_ms=2000)
     )
     registry = AdmissionRegistry(controller_factory=coordinator.controller)
-    registry.register(profile(), sequence=1)
+    registry.register(profile(budgets=budgets), sequence=1)
     return registry, coordinator
 
 
@@ -111,9 +120,17 @@ def evalsha_calls(client: redis.Redis) -> int:
     return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
 
 
-def one_process(url: str, prefix: str, seconds: float, callers: int, queue: Any = None) -> dict:
+def one_process(
+    url: str,
+    prefix: str,
+    seconds: float,
+    callers: int,
+    queue: Any = None,
+    *,
+    budgets: bool = False,
+) -> dict:
     async def main() -> dict:
-        registry, coordinator = coordinated(url, prefix)
+        registry, coordinator = coordinated(url, prefix, budgets=budgets)
         try:
             result = await decide(registry, seconds, callers, uuid.uuid4().hex[:6])
             await coordinator.settle()

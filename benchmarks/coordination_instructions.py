@@ -1,16 +1,18 @@
 """The Redis server's own work per decision, counted in instructions, against the same anchors.
 
-    python benchmarks/coordination_instructions.py [--seconds 3]
+    python benchmarks/coordination_instructions.py [--seconds 3] [--callers 8] [--budgets]
 
 Redis time per call (INFO commandstats) is wall time on the server: on a shared machine it grows
 with the load average, whenever Redis waits for a core. This benchmark counts what does not:
 the instructions the Redis server executes per call, under valgrind's callgrind, for the same
 three kinds as `coordination.py --anchors` (a no-op FCALL, a hit of `limits`' sliding-window
 counter, a Sluice decision: acquire, then release), each from one caller at a time with the same
-redis-py asyncio client. It starts its own `redis-server` under `valgrind --tool=callgrind` on a
-free loopback port (about 50 times slower than natively: the figures are counts, not speeds) and
-stops it at the end. Needs `valgrind` (with `callgrind_control`) and `redis-server` on the PATH.
-Asserts nothing.
+redis-py asyncio client. `--callers N` makes the decisions with N callers in one process (their
+releases then ride together on the next acquire, often of another principal's); `--budgets`
+gives every principal an invocation budget (such decisions go the general way). It starts its
+own `redis-server` under `valgrind --tool=callgrind` on a free loopback port (about 50 times
+slower than natively: the figures are counts, not speeds) and stops it at the end. Needs
+`valgrind` (with `callgrind_control`) and `redis-server` on the PATH. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -59,9 +61,11 @@ def counted_instructions(folder: Path, pid: int) -> int:
     raise RuntimeError("callgrind wrote no dump")
 
 
-def run(kind: str, url: str, prefix: str, seconds: float) -> None:
+def run(
+    kind: str, url: str, prefix: str, seconds: float, callers: int = 1, budgets: bool = False
+) -> None:
     if kind == "sluice":
-        one_process(url, prefix, seconds, 1)
+        one_process(url, prefix, seconds, callers, budgets=budgets)
     elif kind == "limits":
         asyncio.run(limits_loop(url, seconds, 1))
     else:
@@ -71,6 +75,10 @@ def run(kind: str, url: str, prefix: str, seconds: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0, help="per kind")
+    parser.add_argument("--callers", type=int, default=1, help="Sluice's callers in one process")
+    parser.add_argument(
+        "--budgets", action="store_true", help="every principal keeps an invocation budget"
+    )
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "redis-server"):
         if shutil.which(tool) is None:
@@ -98,12 +106,13 @@ def main() -> None:
             prefix = f"bench-{uuid.uuid4().hex[:8]}"
             rows = {}
             for kind in ("noop", "limits", "sluice"):
-                run(kind, url, prefix, min(1.0, args.seconds))  # warm: library loaded, profile in
+                # Warm: library loaded, profile in.
+                run(kind, url, prefix, min(1.0, args.seconds), args.callers, args.budgets)
                 subprocess.run(
                     ["callgrind_control", "-z", str(server.pid)], check=True, capture_output=True
                 )
                 before = command_usec(client)
-                run(kind, url, prefix, args.seconds)
+                run(kind, url, prefix, args.seconds, args.callers, args.budgets)
                 after = command_usec(client)
                 instructions = counted_instructions(folder, server.pid)
                 ops = script_calls_between(before, after)
