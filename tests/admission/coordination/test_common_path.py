@@ -208,12 +208,28 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
     profile = Profile.from_dict(document, workspace_id=WORKSPACE)
     install = Install(profile.profile_version, 1, profile.profile_digest, profile_fields(profile))
 
-    def acquire(request_id: str, *releases: Release, principal: str = "alice", budget: str = "",
-                fresh: bool = True) -> str:  # fmt: skip
+    def acquire(
+        request_id: str,
+        *releases: Release,
+        principal: str = "alice",
+        budget: str = "",
+        fresh: bool = True,
+    ) -> str:
         call = Acquire(
-            "probe-v1", request_id, principal, "llm", budget or request_id, 10, None, 1, None,
-            None, True, fresh, releases,
-        )  # fmt: skip
+            "probe-v1",
+            request_id,
+            principal,
+            "llm",
+            budget or request_id,
+            10,
+            None,
+            1,
+            None,
+            None,
+            True,
+            fresh,
+            releases,
+        )
         return str(side.call(side.function, call.pack())["st"])
 
     try:
@@ -232,7 +248,7 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
         assert acquire("r6", budget="shared") == "admit"
         repeats = client.hgetall(f"{side.prefix}:{{{WORKSPACE}}}:b:shared")
         assert repeats == {b"r3:llm": b"2"}
-        # A retry-after pauses the provider: the request given back with it waits.
+        # A retry-after pauses the provider: the request that reports it waits.
         assert acquire("r7", Release("r5", False, 60_000.0)) == "queued"
     finally:
         keys = list(client.scan_iter(match=f"{side.prefix}:*"))
