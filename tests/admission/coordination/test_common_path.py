@@ -44,13 +44,14 @@ SWITCH = "local common = common_acquire()"
 
 
 def general_only_library() -> tuple[str, str]:
-    """The library with the common path switched off, under a name of its own, and the name of
-    its acquire function."""
+    """The library with the common path switched off, under a name of its own (one per run, so
+    runs that share a Redis leave each other's alone), and the name of its acquire function."""
     code = scripts.library_code()
     assert code.count(SWITCH) == 1
     name = scripts.function_name("acquire").rsplit("_", 1)[0]
-    code = code.replace(SWITCH, "local common = nil").replace(name, f"{name}_general")
-    return code, f"{name}_general_acquire"
+    copy = f"{name}_general{uuid.uuid4().hex[:8]}"
+    code = code.replace(SWITCH, "local common = nil").replace(name, copy)
+    return code, f"{copy}_acquire"
 
 
 class Side:
@@ -212,10 +213,11 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
     taken = "if common then return common end"
     assert code.count(taken) == 1
     name = scripts.function_name("acquire").rsplit("_", 1)[0]
+    probe = f"{name}_probe{uuid.uuid4().hex[:8]}"
     code = code.replace(taken, """if common then return '{"st":"common"}' end""")
     client = redis.Redis.from_url(SHARED_REDIS)
-    client.function_load(code.replace(name, f"{name}_probe"), replace=True)
-    side = Side(client, f"{name}_probe_acquire", f"probe{uuid.uuid4().hex[:8]}")
+    client.function_load(code.replace(name, probe), replace=True)
+    side = Side(client, f"{probe}_acquire", f"probe{uuid.uuid4().hex[:8]}")
     document = {
         "profileVersion": "probe-v1",
         "workspace": {"concurrency": 10, "requestsPerMinute": 600},
@@ -250,7 +252,7 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
         return str(side.call(side.function, call.pack())["st"])
 
     try:
-        assert side.call(f"{name}_probe_install", install.pack())["st"] == "installed"
+        assert side.call(f"{probe}_install", install.pack())["st"] == "installed"
         # Nothing stored for the workspace yet: the general path looks for a withdrawn copy.
         assert acquire("r1") == "admit"
         assert acquire("r2", Release("r1", True, None, 8, None)) == "common"
@@ -271,5 +273,5 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
         keys = list(client.scan_iter(match=f"{side.prefix}:*"))
         if keys:
             client.delete(*keys)
-        client.function_delete(f"{name}_probe")
+        client.function_delete(probe)
         client.close()
