@@ -1685,7 +1685,7 @@ local function common_acquire()
       local text = r[i] or ''
       local s = {unpack_common(text)}
       if s[1] == false then return nil end
-      s[1], s[2], s[7] = s[1] or 0, s[2] or 0, text
+      s[7] = text
       extra[names[i]] = s
     end
   end

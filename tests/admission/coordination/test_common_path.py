@@ -43,15 +43,14 @@ pytestmark = pytest.mark.skipif(
 SWITCH = "local common = common_acquire()"
 
 
-def general_only_library() -> tuple[str, str]:
-    """The library with the common path switched off, under a name of its own (one per run, so
-    runs that share a Redis leave each other's alone), and the name of its acquire function."""
+def library_copy(label: str, marker: str, replacement: str) -> tuple[str, str]:
+    """The library with `marker` (once in it) replaced, under a name of its own (one per run, so
+    runs that share a Redis leave each other's alone), and that name."""
     code = scripts.library_code()
-    assert code.count(SWITCH) == 1
+    assert code.count(marker) == 1
     name = scripts.function_name("acquire").rsplit("_", 1)[0]
-    copy = f"{name}_general{uuid.uuid4().hex[:8]}"
-    code = code.replace(SWITCH, "local common = nil").replace(name, copy)
-    return code, f"{copy}_acquire"
+    copy = f"{name}_{label}{uuid.uuid4().hex[:8]}"
+    return code.replace(marker, replacement).replace(name, copy), copy
 
 
 class Side:
@@ -152,13 +151,13 @@ def test_the_common_path_answers_and_writes_what_the_general_path_would(
     document: dict[str, Any], sequence: list[Any]
 ) -> None:
     client = redis.Redis.from_url(SHARED_REDIS)
-    code, general = general_only_library()
+    code, general = library_copy("general", SWITCH, "local common = nil")
     client.function_load(code, replace=True)
     client.function_load(scripts.library_code(), replace=True)
     run = uuid.uuid4().hex[:8]
     sides = [
         Side(client, scripts.function_name("acquire"), f"common{run}"),
-        Side(client, general, f"general{run}"),
+        Side(client, f"{general}_acquire", f"general{run}"),
     ]
     profile = Profile.from_dict(document, workspace_id=WORKSPACE)
     install = Install(profile.profile_version, 1, profile.profile_digest, profile_fields(profile))
@@ -202,21 +201,20 @@ def test_the_common_path_answers_and_writes_what_the_general_path_would(
             keys = list(client.scan_iter(match=f"{side.prefix}:*"))
             if keys:
                 client.delete(*keys)
-        client.function_delete(general.rsplit("_", 1)[0])
+        client.function_delete(general)
         client.close()
 
 
 def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
     """Which acquires the common path decides, seen through a copy of the library whose common
     path says so in its answer (`st` "common"); the general path answers as it always does."""
-    code = scripts.library_code()
-    taken = "if common then return common end"
-    assert code.count(taken) == 1
-    name = scripts.function_name("acquire").rsplit("_", 1)[0]
-    probe = f"{name}_probe{uuid.uuid4().hex[:8]}"
-    code = code.replace(taken, """if common then return '{"st":"common"}' end""")
+    code, probe = library_copy(
+        "probe",
+        "if common then return common end",
+        """if common then return '{"st":"common"}' end""",
+    )
     client = redis.Redis.from_url(SHARED_REDIS)
-    client.function_load(code.replace(name, probe), replace=True)
+    client.function_load(code, replace=True)
     side = Side(client, f"{probe}_acquire", f"probe{uuid.uuid4().hex[:8]}")
     document = {
         "profileVersion": "probe-v1",
