@@ -76,7 +76,7 @@ def sync_client(url: str, **options: Any) -> SyncClient:
 
 def route_key(prefix: str, workspace_id: str) -> str:
     """A key in the hash slot of a workspace's state (what a call names for routing)."""
-    return f"{prefix}:{{{workspace_id}}}:epoch"
+    return f"{prefix}:{{{workspace_id}}}:prof"
 
 
 def fence_key(key: str) -> str | None:

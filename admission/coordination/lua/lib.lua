@@ -15,13 +15,13 @@
 --
 -- Key layout:
 --   P:{}:procs               zset  process -> lease expiry (server ms): the deployment's registry
---   P:{ws}:epoch             hash  id, ready, at      the workspace state's life (epoch_check);
---                                                    never replicated, so a promoted replica or a
---                                                    restarted Redis starts a new one
 --   P:{ws}:procs             zset  process -> lease expiry (server ms), processes acting here
 --   P:{ws}:g:<process>       list  grants and verdicts for that process's waiters (BLPOP)
 --   P:{ws}:prof              hash  rev, pseq, dg, and one flat field of limits per scope (W,
---                                  V:<provider>, P:<principal>; see LIMIT_FIELDS), rsv
+--                                  V:<provider>, P:<principal>; see LIMIT_FIELDS), rsv; and the
+--                                  workspace state's life (epoch_check): e:id, e:ready, e:at,
+--                                  e:wait, e:r:<process>, never replicated, so a promoted
+--                                  replica or a restarted Redis starts a new one
 --   P:{ws}:meta              hash  rr (rotation counter), wk (next time-based wake, server ms)
 --   P:{ws}:s                 hash  one field per scope (W, P:<id>, V:<id>, X:<provider><id>),
 --                                  its value the scope's state packed (see FIELDS): a (active)
@@ -46,7 +46,7 @@
 
 -- The arguments and the time of the call being served; `begin` sets them for every call.
 local ARGV, PFX, IDLE_TTL, IDLE_TTL_TEXT, BUDGET_TTL_TEXT, PROC, PROC_TTL, KNOWN_EPOCH, GRACE, BUDGET_TTL, NOW
-local EPOCH_KEY, PROCS
+local PROCS
 -- When admission in the current workspace may resume after its state was lost (server ms).
 local EPOCH_READY = nil
 -- Set by an entry when its caller is in this workspace's P:{ws}:procs already.
@@ -56,6 +56,8 @@ local TAKEN_REPEATS, TAKEN_FOR = nil, nil
 -- The epoch the common acquire read (its key, id and ready time) when it had no processes left
 -- to wait for: epoch_check takes it rather than reading it again.
 local READ_EPOCH_KEY, READ_EPOCH_ID, READ_EPOCH_READY = nil, nil, nil
+-- The epoch's fields in the profile hash (see the key layout).
+local E_ID, E_READY, E_AT, E_WAIT = 'e:id', 'e:ready', 'e:at', 'e:wait'
 
 local EPS = 1e-9
 local PRESSURE_WINDOW = 60000
@@ -351,7 +353,7 @@ local function keyset(ws)
     end
     local base = PFX .. ':{' .. ws .. '}:'
     k = {base, base .. 'prof', base .. 'meta', base .. 'L', base .. 'W', base .. 'rot',
-      base .. 'bt', base .. 'off', base .. 's', base .. 'epoch', base .. 'procs'}
+      base .. 'bt', base .. 'off', base .. 's', base .. 'procs'}
     of[ws] = k
     KEYSETS_COUNT = KEYSETS_COUNT + 1
   end
@@ -363,7 +365,7 @@ local function use_ws(ws)
   WS = ws
   local k = keyset(ws)
   BASE, PROF, META, LEASES, WAITERS, ROT = k[1], k[2], k[3], k[4], k[5], k[6]
-  TRANS, OFFERS, STATE, EPOCH_KEY, PROCS = k[7], k[8], k[9], k[10], k[11]
+  TRANS, OFFERS, STATE, PROCS = k[7], k[8], k[9], k[10]
   EPOCH_READY = nil
   -- Room for the scopes and limits of a decision and a lease given back, set without growing.
   LIM = {W = nil, rsv = nil, l1 = nil, l2 = nil, l3 = nil, l4 = nil, l5 = nil, l6 = nil}
@@ -418,7 +420,7 @@ local function begin(args)
   local t = redis.call('TIME')
   NOW_US = t[1] * 1000000 + t[2]
   NOW = NOW_US / 1000
-  EPOCH_KEY, PROCS = nil, nil
+  PROCS = nil
   REGISTERED = false
   WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil, nil
   OFFERS, STATE = nil, nil
@@ -450,10 +452,11 @@ end
 -- (or is alive no more, or a lease TTL has passed): a process slow to find the new primary (its
 -- map of the slots is stale, its loop is starved) must not find its permits handed out again.
 -- The epoch is written on this server only (never replicated nor persisted): a promoted replica
--- has none, so it starts a new one.
+-- has none, so it starts a new one. Its fields live in the profile hash, which every decision
+-- reads anyway (one key fewer per decision).
 local function epoch_write(...)
   redis.set_repl(redis.REPL_NONE)
-  redis.call('HSET', EPOCH_KEY, ...)
+  redis.call('HSET', PROF, ...)
   redis.set_repl(redis.REPL_ALL)
 end
 
@@ -463,16 +466,16 @@ local function epoch_waiting(ready, waiting, began)
   local left = {}
   if NOW < began + PROC_TTL then
     for _, proc in ipairs(cjson.decode(waiting)) do
-      if redis.call('HEXISTS', EPOCH_KEY, 'r:' .. proc) == 0 and proc_alive(proc) then
+      if redis.call('HEXISTS', PROF, 'e:r:' .. proc) == 0 and proc_alive(proc) then
         left[#left + 1] = proc
       end
     end
   end
   redis.set_repl(redis.REPL_NONE)
   if #left == 0 then
-    redis.call('HDEL', EPOCH_KEY, 'wait')
+    redis.call('HDEL', PROF, E_WAIT)
   else
-    redis.call('HSET', EPOCH_KEY, 'wait', cjson.encode(left))
+    redis.call('HSET', PROF, E_WAIT, cjson.encode(left))
   end
   redis.set_repl(redis.REPL_ALL)
   if #left == 0 then return ready end
@@ -480,22 +483,22 @@ local function epoch_waiting(ready, waiting, began)
 end
 
 local function epoch_check()
-  if READ_EPOCH_KEY == EPOCH_KEY then
+  if READ_EPOCH_KEY == PROF then
     EPOCH_READY = READ_EPOCH_READY
     return READ_EPOCH_ID, READ_EPOCH_READY
   end
-  local stored = redis.call('HMGET', EPOCH_KEY, 'id', 'ready', 'wait', 'at')
+  local stored = redis.call('HMGET', PROF, E_ID, E_READY, E_WAIT, E_AT)
   local id, ready = stored[1], stored[2] and stored_num(stored[2]) or 0
   if not id then
     id = PROC .. '@' .. string.format('%.0f', NOW)
     ready = NOW + GRACE
     local live = redis.call('ZRANGEBYSCORE', PROCS, '(' .. string.format('%.17g', NOW), '+inf')
     if #live > 0 then
-      epoch_write('id', id, 'ready', string.format('%.17g', ready),
-        'at', string.format('%.17g', NOW), 'wait', cjson.encode(live))
+      epoch_write(E_ID, id, E_READY, string.format('%.17g', ready),
+        E_AT, string.format('%.17g', NOW), E_WAIT, cjson.encode(live))
     else
-      epoch_write('id', id, 'ready', string.format('%.17g', ready),
-        'at', string.format('%.17g', NOW))
+      epoch_write(E_ID, id, E_READY, string.format('%.17g', ready),
+        E_AT, string.format('%.17g', NOW))
     end
   elseif stored[3] and NOW >= ready then
     ready = epoch_waiting(ready, stored[3], tonumber(stored[4]) or 0)
@@ -507,12 +510,12 @@ end
 -- The calling process has put back its permits in the current epoch (noted only while the
 -- epoch waits for processes to do so).
 local function epoch_reasserted()
-  if redis.call('HEXISTS', EPOCH_KEY, 'wait') == 1 then epoch_write('r:' .. PROC, '1') end
+  if redis.call('HEXISTS', PROF, E_WAIT) == 1 then epoch_write('e:r:' .. PROC, '1') end
 end
 
 -- When the current epoch began (server ms).
 local function epoch_began()
-  return tonumber(redis.call('HGET', EPOCH_KEY, 'at')) or 0
+  return tonumber(redis.call('HGET', PROF, E_AT)) or 0
 end
 
 -- The calling process acts in this workspace (until its lease here lapses). Returns true when
@@ -1620,20 +1623,19 @@ local function common_acquire()
   local nrel = SHORT_NUM[ARGV[21]] or stored_num(ARGV[21])
   if nrel == nil or nrel > COMMON_RELEASES then return nil end
   local k = keyset(ARGV[2])
-  local r = redis.call('HMGET', k[10], 'id', 'ready', 'wait')
+  -- The epoch, then the profile: its revision, and its limits by its digest.
+  local r = redis.call('HMGET', k[2], E_ID, E_READY, E_WAIT, 'rev', 'dg')
   local epoch = r[1]
   if not epoch or r[3] or not r[2] or (KNOWN_EPOCH ~= '' and KNOWN_EPOCH ~= epoch) then
     return nil
   end
   local ready = SHORT_NUM[r[2]] or stored_num(r[2])
-  READ_EPOCH_KEY, READ_EPOCH_ID, READ_EPOCH_READY = k[10], epoch, ready
+  READ_EPOCH_KEY, READ_EPOCH_ID, READ_EPOCH_READY = k[2], epoch, ready
   if NOW < ready then return nil end
+  if r[4] ~= ARGV[9] or not r[5] then return nil end
+  local dg = r[5]
   local pid, prov = ARGV[11], ARGV[12]
   local np, nv, nx = NAMES_P[pid] or key_p(pid), NAMES_V[prov] or key_v(prov), key_x(prov, pid)
-  -- The profile: its revision, and its limits by its digest.
-  r = redis.call('HMGET', k[2], 'rev', 'dg')
-  if r[1] ~= ARGV[9] or not r[2] then return nil end
-  local dg = r[2]
   local lw, lp, lv, rsv = profile_limits(k[2], dg, np, nv)
   if rsv or not lw or not lp or not lv then return nil end
   if lp.budgeted or lw.budgeted or lv.budgeted then return nil end
@@ -1796,7 +1798,7 @@ local function common_acquire()
   PLAIN_PIDS[text], PLAIN_PROVS[text] = pid, prov
   PLAIN_COUNT = PLAIN_COUNT + 1
   if ARGV[19] ~= '1' then
-    redis.call('ZADD', k[11], string.format('%.17g', NOW + PROC_TTL), PROC)
+    redis.call('ZADD', k[10], string.format('%.17g', NOW + PROC_TTL), PROC)
   end
   -- The scopes that changed.
   local set, del = {}, nil

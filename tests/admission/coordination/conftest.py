@@ -139,6 +139,14 @@ class Deployment:
     def key(self, suffix: str, workspace: str = WORKSPACE) -> str:
         return f"{self.prefix}:{{{workspace}}}:{suffix}"
 
+    def lose_epoch(self, workspace: str = WORKSPACE) -> None:
+        """What a promoted replica or a Redis restarted from its AOF lacks: the workspace's
+        epoch (its `e:` fields of the profile hash, never replicated)."""
+        key = self.key("prof", workspace)
+        fields = [f for f in self.client.hkeys(key) if str(f).startswith("e:")]
+        assert fields, "the workspace has no epoch to lose"
+        self.client.hdel(key, *fields)
+
     def scope(self, suffix: str) -> dict[str, str]:
         """One scope's stored state (`P`, `W`, `V:<provider>`, `X:<len>:<provider><principal>`),
         as field -> value."""

@@ -63,7 +63,7 @@ class Side:
         self.header = Header(prefix, WORKSPACE, 3_600_000, "proc-1", 20_000, "", 0, 86_400_000)
 
     def call(self, function: str, args: list[Any]) -> dict[str, Any]:
-        key = f"{self.prefix}:{{{WORKSPACE}}}:epoch"
+        key = f"{self.prefix}:{{{WORKSPACE}}}:prof"
         raw = self.client.fcall(function, 1, key, *self.header.pack(), *args)
         return dict(json.loads(raw))
 

@@ -211,7 +211,7 @@ def promote_without(deployment: Deployment, holder: Process, lease_id: str) -> N
     """Leave in Redis what a replica promoted without its primary's last grant holds: no epoch
     (epochs are never replicated), and not the permit `holder` still holds (given back behind
     its back, through the release function)."""
-    deployment.client.delete(deployment.key("epoch"))
+    deployment.lose_epoch()
     holder.coordinator.call_sync(WORKSPACE, ReleaseBatch((Release(lease_id),)))
     assert deployment.active("V:llm") == 0
 
@@ -234,7 +234,7 @@ def test_a_promoted_state_that_missed_a_release_gives_the_permit_back(
         # (the epoch is never replicated).
         for key, value in kept.items():
             client.restore(key, 0, value, replace=True)
-        client.delete(deployment.key("epoch"))
+        deployment.lose_epoch()
         assert deployment.active("V:llm") == 1
         # The next decision meets a new epoch: the process re-asserts (nothing), the stale
         # permit goes back, and the decision is admitted at once (the ceiling is one).
