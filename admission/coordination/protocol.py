@@ -87,7 +87,7 @@ def _compact(value: Any) -> str:
 class Header:
     """What every call carries before its own arguments."""
 
-    SIZE: ClassVar[int] = 8
+    SIZE: ClassVar[int] = 3
     prefix: str
     workspace_id: str
     idle_ttl_ms: int
@@ -100,20 +100,17 @@ class Header:
 
     def pack(self) -> list[bytes]:
         """The header as the client sends it, encoded once (a caller keeps it per workspace
-        and epoch and sends the same list with every call)."""
-        return [
-            str(value).encode()
-            for value in (
-                self.prefix,
-                self.workspace_id,
-                self.idle_ttl_ms,
-                self.process_id,
-                self.lease_ttl_ms,
-                self.epoch,
-                self.recovery_grace_ms,
-                self.budget_ttl_ms,
-            )
+        and epoch and sends the same list with every call): the process's settings as one
+        JSON array (the functions decode each distinct text once), the workspace, the epoch."""
+        process = [
+            self.prefix,
+            int(self.idle_ttl_ms),
+            self.process_id,
+            int(self.lease_ttl_ms),
+            int(self.recovery_grace_ms),
+            int(self.budget_ttl_ms),
         ]
+        return [_compact(process).encode(), self.workspace_id.encode(), self.epoch.encode()]
 
 
 # The fields of one scope's state, in the order the functions store them (lib.lua, FIELDS).

@@ -1,4 +1,4 @@
--- Admit now, queue fairly, or refuse. ARGV from 9: revision, request id, principal, provider,
+-- Admit now, queue fairly, or refuse. ARGV from 4: revision, request id, principal, provider,
 -- budget id, tokens, cost, attempts, dwell limit (ms), deadline (ms from now), '1' when the
 -- caller has this workspace registered for its process already, '1' when this is the first time
 -- the caller sends this request id, then the number of leases the caller gives back first and
@@ -13,23 +13,23 @@ if common then return common end
 local done, epoch, ready = open_ws(false)
 if done then return done end
 local released = nil
-local nrel = tonumber(ARGV[21]) or 0
-local pid, prov = ARGV[11], ARGV[12]
+local nrel = tonumber(ARGV[16]) or 0
+local pid, prov = ARGV[6], ARGV[7]
 local fields = {'W', key_p(pid), key_v(prov), 'rsv'}
 if nrel > 0 then
   -- The leases' limits and scopes are read with this request's own.
-  released = release_many(22, nrel, fields, {key_p(pid), key_v(prov), key_x(prov, pid)})
+  released = release_many(17, nrel, fields, {key_p(pid), key_v(prov), key_x(prov, pid)})
   if needs_pump() then pump() end
 end
 -- Answers not counted by the caller (nothing was decided for the first time) carry nc.
 ACQ_EPOCH, ACQ_RELEASED = epoch, released
 if NOW < ready then return answer({st = 'recovering', wait = ready - NOW}) end
-REGISTERED = ARGV[19] == '1'
+REGISTERED = ARGV[14] == '1'
 local w = {
-  id = ARGV[10], pid = ARGV[11], prov = ARGV[12], bud = ARGV[13], proc = PROC,
-  tok = tonumber(ARGV[14]), cost = tonumber(ARGV[15]), att = tonumber(ARGV[16]), arr = NOW,
+  id = ARGV[5], pid = ARGV[6], prov = ARGV[7], bud = ARGV[8], proc = PROC,
+  tok = tonumber(ARGV[9]), cost = tonumber(ARGV[10]), att = tonumber(ARGV[11]), arr = NOW,
 }
-if ARGV[20] ~= '1' then
+if ARGV[15] ~= '1' then
   -- A call repeated after a lost connection must not take a second permit or place; a waiter
   -- queued again finds the grant made for it meanwhile, and takes it.
   local held = redis.call('HGET', LEASES, w.id)
@@ -67,7 +67,7 @@ if rev == nil or LIM.W == nil or LIM.rsv == nil or LIM[fields[2]] == nil
   rev = preload(unpack(fields))
 end
 if not rev then return answer({st = 'noprofile'}) end
-if rev ~= ARGV[9] then
+if rev ~= ARGV[4] then
   return answer({st = 'stale', rev = rev, seq = tonumber(redis.call('HGET', PROF, 'pseq'))})
 end
 local lp, lw, lv = limits(fields[2]), limits('W'), limits(fields[3])
@@ -101,7 +101,7 @@ if lane == nil then
   qk = lane_key(lane)
 end
 -- Queued: it expires at its own deadline or dwell limit, whichever comes first.
-local dwell, deadline = tonumber(ARGV[17]), tonumber(ARGV[18])
+local dwell, deadline = tonumber(ARGV[12]), tonumber(ARGV[13])
 if deadline ~= nil and (dwell == nil or deadline <= dwell) then
   w.exp, w.expr = NOW + deadline, 'deadline-exceeded'
 elseif dwell ~= nil then

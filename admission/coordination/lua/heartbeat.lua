@@ -1,6 +1,6 @@
 -- A live process renews its lease in the workspaces it acts in, reaps dead processes there,
 -- and serves those whose time-based wake is due. ARGV[2] is ''; every workspace named lies in the
--- hash slot of the key the caller declared (on a single Redis: any). ARGV from 9:
+-- hash slot of the key the caller declared (on a single Redis: any). ARGV from 4:
 --   9  JSON {workspace: epoch the caller knows ('' if none)}: renew, reap, pump when due;
 --   10 JSON {workspace: {provider\tdecision\treason: count}} of decisions made locally since the
 --      last heartbeat (they needed no round trip);
@@ -9,7 +9,7 @@
 --   12 '1' to renew the lease in the deployment's registry (P:{}:procs) and count live processes.
 local out = {st = 'ok', reaped = 0}
 local spaces = {}
-for ws, known in pairs(cjson.decode(ARGV[9])) do
+for ws, known in pairs(cjson.decode(ARGV[4])) do
   use_ws(ws)
   local epoch, ready = epoch_check()
   local entry = {ep = epoch, ready = max(0, ready - NOW)}
@@ -20,7 +20,7 @@ for ws, known in pairs(cjson.decode(ARGV[9])) do
   spaces[ws] = entry
 end
 out.ws = spaces
-for ws, counts in pairs(cjson.decode(ARGV[10])) do
+for ws, counts in pairs(cjson.decode(ARGV[5])) do
   use_ws(ws)
   for label, n in pairs(counts) do
     local prov, decision, reason = string.match(label, '^(.*)\t([^\t]*)\t([^\t]*)$')
@@ -28,7 +28,7 @@ for ws, counts in pairs(cjson.decode(ARGV[10])) do
   end
 end
 local audit = {}
-for ws, ids in pairs(cjson.decode(ARGV[11])) do
+for ws, ids in pairs(cjson.decode(ARGV[6])) do
   use_ws(ws)
   for _, id in ipairs(ids) do
     if redis.call('HEXISTS', WAITERS, id) == 0 then
@@ -49,7 +49,7 @@ for ws, ids in pairs(cjson.decode(ARGV[11])) do
   end
 end
 flush()
-if ARGV[12] == '1' then
+if ARGV[7] == '1' then
   local registry = PFX .. ':{}:procs'
   local stamp = string.format('%.17g', NOW)
   redis.call('ZREMRANGEBYSCORE', registry, '-inf', stamp)

@@ -1,14 +1,14 @@
 -- Make a profile revision current in the shared state, unless a later one is there already.
--- ARGV from 9: revision, ledger sequence, digest, limits (JSON object field -> limits JSON).
+-- ARGV from 4: revision, ledger sequence, digest, limits (JSON object field -> limits JSON).
 local done, epoch = open_ws(false)
 if done then return done end
-local seq = tonumber(ARGV[10])
+local seq = tonumber(ARGV[5])
 local current = tonumber(redis.call('HGET', PROF, 'pseq'))
 if current ~= nil and current > seq then
   return reply({st = 'newer', ep = epoch, rev = redis.call('HGET', PROF, 'rev'), seq = current})
 end
 if current ~= nil and current == seq then
-  if redis.call('HGET', PROF, 'rev') ~= ARGV[9] then
+  if redis.call('HGET', PROF, 'rev') ~= ARGV[4] then
     return reply({st = 'conflict', ep = epoch, rev = redis.call('HGET', PROF, 'rev'), seq = current})
   end
   return reply({st = 'same', ep = epoch})
@@ -24,8 +24,8 @@ if #epoch_fields > 0 then epoch_values = redis.call('HMGET', PROF, unpack(epoch_
 redis.call('DEL', PROF)
 -- Written in slices: a profile may name many thousands of principals, and Lua's unpack has a
 -- bounded stack.
-local fields = {'rev', ARGV[9], 'pseq', ARGV[10], 'dg', ARGV[11]}
-for field, value in pairs(cjson.decode(ARGV[12])) do
+local fields = {'rev', ARGV[4], 'pseq', ARGV[5], 'dg', ARGV[6]}
+for field, value in pairs(cjson.decode(ARGV[7])) do
   fields[#fields + 1] = field
   fields[#fields + 1] = value
   if #fields >= 2000 then

@@ -2,11 +2,12 @@
 -- every entry shares; each other file of this folder is the body of one function (see
 -- scripts.py, which assembles and names the library).
 --
--- Arguments, the first eight the same for every function:
---   1 key prefix, 2 workspace id ('' for the heartbeat), 3 idle TTL of counters (ms),
---   4 calling process id, 5 process lease TTL (ms), 6 epoch the caller knows ('' if none),
---   7 recovery grace (ms) after the shared state was created, 8 invocation budget TTL (ms)
--- Entry-specific arguments start at ARGV[9]. Keys are built here from the prefix.
+-- Arguments, the first three the same for every function:
+--   1 the calling process's settings, one JSON array that a process sends unchanged with every
+--     call: key prefix, idle TTL of counters (ms), process id, process lease TTL (ms), recovery
+--     grace (ms) after the shared state was created, invocation budget TTL (ms);
+--   2 workspace id ('' for the heartbeat), 3 epoch the caller knows ('' if none).
+-- Entry-specific arguments start at ARGV[4]. Keys are built here from the prefix.
 --
 -- Every key a call touches lives in one hash slot: a workspace's keys carry its hash tag, and the
 -- deployment's process registry has a tag of its own (`{}`), so the state can be sharded across
@@ -375,26 +376,25 @@ local function use_ws(ws)
   ALIVE = nil
 end
 
--- The header's settings as numbers, by their text (a deployment sends the same few texts),
--- and as the whole numbers' texts Redis's commands take.
-local SETTINGS, SETTING_TEXTS, SETTINGS_COUNT = {}, {}, 0
+-- A process's settings (the first argument) decoded, by their text: a deployment sends the
+-- same few texts. Each is {prefix, idle TTL, process id, process lease TTL, grace, budget TTL,
+-- the idle TTL's and the budget TTL's texts as Redis's commands take them}.
+local SETTINGS, SETTINGS_COUNT = {}, 0
 
-local function setting(text)
+local function settings(text)
   local v = SETTINGS[text]
   if v == nil then
-    v = tonumber(text)
-    if SETTINGS_COUNT >= 256 then SETTINGS, SETTING_TEXTS, SETTINGS_COUNT = {}, {}, 0 end
+    local ok, d = pcall(cjson.decode, text)
+    if not ok or type(d) ~= 'table' or type(d[1]) ~= 'string' or type(d[3]) ~= 'string' then
+      error('malformed settings argument')
+    end
+    for i = 2, 6 do
+      if i ~= 3 and type(d[i]) ~= 'number' then error('malformed settings argument') end
+    end
+    v = {d[1], d[2], d[3], d[4], d[5], d[6], string.format('%d', d[2]), string.format('%d', d[6])}
+    if SETTINGS_COUNT >= 256 then SETTINGS, SETTINGS_COUNT = {}, 0 end
     SETTINGS[text] = v
     SETTINGS_COUNT = SETTINGS_COUNT + 1
-  end
-  return v
-end
-
-local function setting_text(text)
-  local v = SETTING_TEXTS[text]
-  if v == nil then
-    v = string.format('%d', setting(text))
-    SETTING_TEXTS[text] = v
   end
   return v
 end
@@ -404,16 +404,10 @@ end
 local function begin(args)
   floor, max, min = math.floor, math.max, math.min
   ARGV = args
-  PFX = args[1]
-  local idle, budget = args[3], args[8]
-  IDLE_TTL = SETTINGS[idle] or setting(idle)
-  PROC = args[4]
-  PROC_TTL = SETTINGS[args[5]] or setting(args[5])
-  KNOWN_EPOCH = args[6]
-  GRACE = SETTINGS[args[7]] or setting(args[7])
-  BUDGET_TTL = SETTINGS[budget] or setting(budget)
-  IDLE_TTL_TEXT = SETTING_TEXTS[idle] or setting_text(idle)
-  BUDGET_TTL_TEXT = SETTING_TEXTS[budget] or setting_text(budget)
+  local s = SETTINGS[args[1]] or settings(args[1])
+  PFX, IDLE_TTL, PROC, PROC_TTL, GRACE, BUDGET_TTL = s[1], s[2], s[3], s[4], s[5], s[6]
+  IDLE_TTL_TEXT, BUDGET_TTL_TEXT = s[7], s[8]
+  KNOWN_EPOCH = args[3]
   GRANT_TTL = PROC_TTL / 2
   -- The time in ms, with the microseconds as three decimals: one division of the whole number of
   -- microseconds, so NOW is the value of that decimal text exactly (see now_text).
@@ -1619,8 +1613,8 @@ end
 -- another scope of a lease given back is an entry of `extra`: name -> {a, q, rl, rt, tl, tt,
 -- text}.
 local function common_acquire()
-  if ARGV[20] ~= '1' then return nil end
-  local nrel = SHORT_NUM[ARGV[21]] or stored_num(ARGV[21])
+  if ARGV[15] ~= '1' then return nil end
+  local nrel = SHORT_NUM[ARGV[16]] or stored_num(ARGV[16])
   if nrel == nil or nrel > COMMON_RELEASES then return nil end
   local k = keyset(ARGV[2])
   -- The epoch, then the profile: its revision, and its limits by its digest.
@@ -1632,9 +1626,9 @@ local function common_acquire()
   local ready = SHORT_NUM[r[2]] or stored_num(r[2])
   READ_EPOCH_KEY, READ_EPOCH_ID, READ_EPOCH_READY = k[2], epoch, ready
   if NOW < ready then return nil end
-  if r[4] ~= ARGV[9] or not r[5] then return nil end
+  if r[4] ~= ARGV[4] or not r[5] then return nil end
   local dg = r[5]
-  local pid, prov = ARGV[11], ARGV[12]
+  local pid, prov = ARGV[6], ARGV[7]
   local np, nv, nx = NAMES_P[pid] or key_p(pid), NAMES_V[prov] or key_v(prov), key_x(prov, pid)
   local lw, lp, lv, rsv = profile_limits(k[2], dg, np, nv)
   if rsv or not lw or not lp or not lv then return nil end
@@ -1642,14 +1636,14 @@ local function common_acquire()
   -- The leases given back, and the names of their scopes that are not the request's.
   local ids, lpids, lprovs, extra, lpid1, lprov1 = nil, nil, nil, nil, nil, nil
   if nrel == 1 then
-    local raw = redis.call('HGET', k[4], ARGV[22])
+    local raw = redis.call('HGET', k[4], ARGV[17])
     if not raw then return nil end
-    lpid1, lprov1 = plain_lease(raw, 22)
+    lpid1, lprov1 = plain_lease(raw, 17)
     if lpid1 == nil then return nil end
   elseif nrel > 1 then
     ids, lpids, lprovs = {}, {}, {}
     for i = 1, nrel do
-      local id = ARGV[17 + 5 * i]
+      local id = ARGV[12 + 5 * i]
       for j = 1, i - 1 do
         if ids[j] == id then return nil end
       end
@@ -1659,7 +1653,7 @@ local function common_acquire()
     for i = 1, nrel do
       local raw = raws[i]
       if not raw then return nil end
-      local lpid, lprov = plain_lease(raw, 17 + 5 * i)
+      local lpid, lprov = plain_lease(raw, 12 + 5 * i)
       if lpid == nil then return nil end
       lpids[i], lprovs[i] = lpid, lprov
     end
@@ -1706,7 +1700,7 @@ local function common_acquire()
   for i = 1, nrel do
     local lpid, lprov = lpid1, lprov1
     if nrel > 1 then lpid, lprov = lpids[i], lprovs[i] end
-    if ARGV[18 + 5 * i] == '0' then
+    if ARGV[13 + 5 * i] == '0' then
       local lim = lv
       if lprov ~= prov then
         local name = key_v(lprov)
@@ -1755,7 +1749,7 @@ local function common_acquire()
     vr = refilled(vrl, vrt, vrpm, vrpm / 60000)
     if vr < 1 - EPS then return nil end
   end
-  local tok = tonumber(ARGV[14])
+  local tok = tonumber(ARGV[9])
   local need = tok or 0
   local ptps, wtps, vtps = lp.tps, lw.tps, lv.tps
   if ptps ~= nil then
@@ -1771,10 +1765,10 @@ local function common_acquire()
     if vk < need - EPS then return nil end
   end
   -- Admitted. The repeat count first: a repeat goes the general way, with its count taken.
-  local bkey = k[1] .. 'b:' .. ARGV[13]
+  local bkey = k[1] .. 'b:' .. ARGV[8]
   local repeats = redis.call('HINCRBY', bkey, key_r(prov), '1')
   if repeats ~= 1 then
-    TAKEN_REPEATS, TAKEN_FOR = repeats, ARGV[10]
+    TAKEN_REPEATS, TAKEN_FOR = repeats, ARGV[5]
     return nil
   end
   redis.call('PEXPIRE', bkey, BUDGET_TTL_TEXT, 'NX')
@@ -1788,16 +1782,16 @@ local function common_acquire()
     if vtps ~= nil then vtl, vtt = taken(vk, vtps, need) end
   end
   if nrel == 1 then
-    redis.call('HDEL', k[4], ARGV[22])
+    redis.call('HDEL', k[4], ARGV[17])
   elseif nrel > 1 then
     redis.call('HDEL', k[4], unpack(ids))
   end
-  local text = lease_text(PROC, pid, prov, ARGV[13], 0, 0, NOW, tok, tonumber(ARGV[15]))
-  redis.call('HSET', k[4], ARGV[10], text)
+  local text = lease_text(PROC, pid, prov, ARGV[8], 0, 0, NOW, tok, tonumber(ARGV[10]))
+  redis.call('HSET', k[4], ARGV[5], text)
   if PLAIN_COUNT >= 1024 then PLAIN_PIDS, PLAIN_PROVS, PLAIN_COUNT = {}, {}, 0 end
   PLAIN_PIDS[text], PLAIN_PROVS[text] = pid, prov
   PLAIN_COUNT = PLAIN_COUNT + 1
-  if ARGV[19] ~= '1' then
+  if ARGV[14] ~= '1' then
     redis.call('ZADD', k[10], string.format('%.17g', NOW + PROC_TTL), PROC)
   end
   -- The scopes that changed.

@@ -1,5 +1,5 @@
 -- After the shared state was lost, a process puts back the permits it still holds, before
--- admission resumes. ARGV from 9: JSON list of every lease {id, pid, prov, bud, tok, cost} the
+-- admission resumes. ARGV from 4: JSON list of every lease {id, pid, prov, bud, tok, cost} the
 -- process holds in the workspace. A state that survived in part (a replica promoted without the
 -- primary's last writes) may still hold leases of this process made before the epoch began that
 -- the process gave back meanwhile: those go back to the pool.
@@ -8,7 +8,7 @@ if done then return done end
 epoch_reasserted()
 local restored, dropped = 0, 0
 local held = {}
-for _, lease in ipairs(cjson.decode(ARGV[9])) do held[lease.id] = lease end
+for _, lease in ipairs(cjson.decode(ARGV[4])) do held[lease.id] = lease end
 local began = epoch_began()
 local stored = redis.call('HGETALL', LEASES)
 for i = 1, #stored, 2 do

@@ -1,4 +1,4 @@
--- What the deployment holds for one workspace, for operators and snapshots. ARGV from 9:
+-- What the deployment holds for one workspace, for operators and snapshots. ARGV from 4:
 -- principal id ('' for none), minutes of counts to return.
 local done, epoch = open_ws(false)
 if done then return done end
@@ -26,11 +26,11 @@ out.waiters = redis.call('HLEN', WAITERS)
 out.offers = redis.call('ZCARD', OFFERS)
 out.lanes = redis.call('ZCARD', ROT)
 out.transitions = redis.call('LRANGE', TRANS, 0, -1)
-if ARGV[9] ~= '' then
-  local sp = scope(key_p(ARGV[9]))
+if ARGV[4] ~= '' then
+  local sp = scope(key_p(ARGV[4]))
   out.principal = {a = sp.a, q = sp.q}
 end
-local minutes = tonumber(ARGV[10]) or 0
+local minutes = tonumber(ARGV[5]) or 0
 out.counts = {}
 local this = floor(NOW / 60000)
 for m = this - minutes + 1, this do

@@ -1,8 +1,8 @@
 -- A process takes a grant made for one of its waiters; only then does its call go out. A grant
--- not taken within GRANT_TTL lapses back to the pool (see lapse_grants). ARGV from 9: the id.
+-- not taken within GRANT_TTL lapses back to the pool (see lapse_grants). ARGV from 4: the id.
 local done, epoch = open_ws(false)
 if done then return done end
-local id = ARGV[9]
+local id = ARGV[4]
 local raw = redis.call('HGET', LEASES, id)
 if not raw then return reply({st = 'gone', ep = epoch}) end
 local lease = cjson.decode(raw)

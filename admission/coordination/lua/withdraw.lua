@@ -1,8 +1,8 @@
 -- A waiter leaves (cancelled, deadline, dwell limit, or refused by its owner's revalidation).
--- If it was granted meanwhile, the grant goes back unused. ARGV from 9: id, reason.
+-- If it was granted meanwhile, the grant goes back unused. ARGV from 4: id, reason.
 local done, epoch = open_ws(false)
 if done then return done end
-local id = ARGV[9]
+local id = ARGV[4]
 -- A copy of the request's acquire still on its way (sent before a lost answer) takes nothing.
 redis.call('SET', BASE .. 't:' .. id, '1', 'PX', PROC_TTL)
 -- Acquires look for tombstones only while one may live.
@@ -14,7 +14,7 @@ end
 local w = waiter(id)
 if w ~= nil then
   dequeue(w)
-  count(w.prov, 'reject', ARGV[10])
+  count(w.prov, 'reject', ARGV[5])
   local ev = evidence(w)
   pump()
   ev.st = 'removed'
