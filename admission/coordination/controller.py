@@ -908,6 +908,8 @@ class CoordinatedController:
             outcome.retry_after_ms,
             outcome.actual_tokens,
             outcome.actual_cost_usd,
+            lease.principal_id,
+            lease.provider_id,
         )
         self._pending.append((release, lease))
         if self._flush_armed:

@@ -419,16 +419,25 @@ class Release:
     retry_after_ms: float | None = None
     actual_tokens: int | None = None
     actual_cost_usd: float | None = None
+    # The lease's principal and provider as the caller knows them ('' if it does not): a hint
+    # of which scopes to read along with the lease; what the stored lease says decides.
+    principal_id: str = ""
+    provider_id: str = ""
 
     def pack(self) -> list[Any]:
+        """Four arguments: the lease id, its principal and provider, and its outcome as one
+        text (lib.lua, `outcome`): '1', '0' or '-' (no outcome), then, only when one of them is
+        known, ',' retry-after ms ',' actual tokens ',' actual cost (each empty when absent)."""
         success = self.success
-        return [
-            self.lease_id,
-            "" if success is None else ("1" if success else "0"),
-            "" if self.retry_after_ms is None else repr(float(self.retry_after_ms)),
-            "" if self.actual_tokens is None else int(self.actual_tokens),
-            "" if self.actual_cost_usd is None else repr(float(self.actual_cost_usd)),
-        ]
+        said = "-" if success is None else ("1" if success else "0")
+        retry_after, tokens, cost = self.retry_after_ms, self.actual_tokens, self.actual_cost_usd
+        if retry_after is not None or tokens is not None or cost is not None:
+            said += ",{},{},{}".format(
+                "" if retry_after is None else repr(float(retry_after)),
+                "" if tokens is None else int(tokens),
+                "" if cost is None else repr(float(cost)),
+            )
+        return [self.lease_id, self.principal_id, self.provider_id, said]
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,7 @@
 -- budget id, tokens, cost, attempts, dwell limit (ms), deadline (ms from now), '1' when the
 -- caller has this workspace registered for its process already, '1' when this is the first time
 -- the caller sends this request id, then the number of leases the caller gives back first and
--- their arguments (five each, as release_many reads them).
+-- their arguments (four each, as release_many reads them).
 --
 -- The common case (capacity free, nobody queued) reads the epoch, the profile's three limit
 -- fields and the four scope fields, and writes the scope fields, the lease and the invocation's
@@ -32,12 +32,12 @@ local w = {
 if ARGV[15] ~= '1' then
   -- A call repeated after a lost connection must not take a second permit or place; a waiter
   -- queued again finds the grant made for it meanwhile, and takes it.
-  local held = redis.call('HGET', LEASES, w.id)
+  local held = redis.call('HGET', STATE, lease_field(w.id))
   if held then
     local lease = cjson.decode(held)
     if lease.off ~= nil then
       lease.off = nil
-      redis.call('HSET', LEASES, w.id, cjson.encode(lease))
+      redis.call('HSET', STATE, lease_field(w.id), cjson.encode(lease))
       redis.call('ZREM', OFFERS, w.id)
     end
     local ev = evidence({pid = lease.pid, prov = lease.prov})

@@ -33,7 +33,7 @@ for ws, ids in pairs(cjson.decode(ARGV[6])) do
   for _, id in ipairs(ids) do
     if redis.call('HEXISTS', WAITERS, id) == 0 then
       local entry = nil
-      local raw = redis.call('HGET', LEASES, id)
+      local raw = redis.call('HGET', STATE, lease_field(id))
       if raw then
         local lease = cjson.decode(raw)
         if lease.proc == PROC then

@@ -25,15 +25,20 @@
 --                                  replica or a restarted Redis starts a new one
 --   P:{ws}:meta              hash  rr (rotation counter), wk (next time-based wake, server ms)
 --   P:{ws}:s                 hash  one field per scope (W, P:<id>, V:<id>, X:<provider><id>),
---                                  its value the scope's state packed (see FIELDS): a (active)
+--                                  and one per lease (L<lease id> -> the lease; `off`: a grant
+--                                  not yet taken, see take), so that a decision reads and writes
+--                                  its scopes and leases together; a scope's value is its state
+--                                  packed (see FIELDS): a (active)
 --                                  q (queued) rl rt (request bucket level, time) tl tt (token
 --                                  bucket) h ht (token holder, its tokens) pz (pause until)
 --                                  bs bf bg bo bp (breaker) pl (last retry-pressure event);
 --                                  in W also tb (when the last tombstone lapses) and ox (grants
 --                                  may be pending). Expires IDLE_TTL after the workspace idles.
---   P:{ws}:b:<budget>        hash  invocation budgets per scope and repeat counts
+--   P:{ws}:b:<budget>        hash  invocation budgets per scope
+--   P:{ws}:r:<budget>        string the providers an invocation was admitted on (each as
+--                                  <length>:<id>), so a second admission there is a repeat;
+--                                  lives BUDGET_TTL from the invocation's first admission
 --   P:{ws}:pr:<provider>     list  retry-pressure events (server ms), 60 s window
---   P:{ws}:L                 hash  lease id -> lease (`off`: a grant not yet taken, see take)
 --   P:{ws}:off               zset  lease id -> time its grant lapses if not taken (server ms)
 --   P:{ws}:t:<id>            string a withdrawn request id (a late acquire of it is refused)
 --   P:{ws}:W                 hash  waiter id -> waiter
@@ -52,8 +57,6 @@ local PROCS
 local EPOCH_READY = nil
 -- Set by an entry when its caller is in this workspace's P:{ws}:procs already.
 local REGISTERED = false
--- The repeat count an acquire took already for the request TAKEN_FOR (see common_acquire).
-local TAKEN_REPEATS, TAKEN_FOR = nil, nil
 -- The epoch the common acquire read (its key, id and ready time) when it had no processes left
 -- to wait for: epoch_check takes it rather than reading it again.
 local READ_EPOCH_KEY, READ_EPOCH_ID, READ_EPOCH_READY = nil, nil, nil
@@ -72,7 +75,7 @@ local function enc(s)
   return #s .. ':' .. s
 end
 
-local WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS, OFFERS, STATE
+local WS, BASE, PROF, META, WAITERS, ROT, TRANS, OFFERS, STATE
 -- A grant made for a waiting request must be taken by its process within this long (a share of
 -- the process lease TTL), or it goes back to the pool.
 local GRANT_TTL
@@ -353,8 +356,8 @@ local function keyset(ws)
       KEYSETS[PFX] = of
     end
     local base = PFX .. ':{' .. ws .. '}:'
-    k = {base, base .. 'prof', base .. 'meta', base .. 'L', base .. 'W', base .. 'rot',
-      base .. 'bt', base .. 'off', base .. 's', base .. 'procs'}
+    k = {base, base .. 'prof', base .. 'meta', base .. 'W', base .. 'rot', base .. 'bt',
+      base .. 'off', base .. 's', base .. 'procs'}
     of[ws] = k
     KEYSETS_COUNT = KEYSETS_COUNT + 1
   end
@@ -365,8 +368,8 @@ local function use_ws(ws)
   flush()
   WS = ws
   local k = keyset(ws)
-  BASE, PROF, META, LEASES, WAITERS, ROT = k[1], k[2], k[3], k[4], k[5], k[6]
-  TRANS, OFFERS, STATE, PROCS = k[7], k[8], k[9], k[10]
+  BASE, PROF, META, WAITERS, ROT = k[1], k[2], k[3], k[4], k[5]
+  TRANS, OFFERS, STATE, PROCS = k[6], k[7], k[8], k[9]
   EPOCH_READY = nil
   -- Room for the scopes and limits of a decision and a lease given back, set without growing.
   LIM = {W = nil, rsv = nil, l1 = nil, l2 = nil, l3 = nil, l4 = nil, l5 = nil, l6 = nil}
@@ -416,12 +419,11 @@ local function begin(args)
   NOW = NOW_US / 1000
   PROCS = nil
   REGISTERED = false
-  WS, BASE, PROF, META, LEASES, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil, nil
+  WS, BASE, PROF, META, WAITERS, ROT, TRANS = nil, nil, nil, nil, nil, nil, nil
   OFFERS, STATE = nil, nil
   LIM, SC, BUD, ALIVE = nil, nil, nil, nil
   REV, NOW_TEXT = nil, nil
   RESULT_TRANSITIONS = {}
-  TAKEN_REPEATS, TAKEN_FOR = nil, nil
   READ_EPOCH_KEY = nil
 end
 
@@ -663,7 +665,7 @@ local function key_r(prov)
   local n = NAMES_R[prov]
   if n == nil then
     named(1)
-    n = 'r' .. enc(prov)
+    n = enc(prov)
     NAMES_R[prov] = n
   end
   return n
@@ -1012,6 +1014,24 @@ end
 -- changes a lease taken from here. Emptied when it holds too many.
 local WRITTEN_LEASES, WRITTEN_LEASES_COUNT = {}, 0
 
+-- A lease's field in the workspace's state hash (scope fields never begin with L).
+local function lease_field(id)
+  return 'L' .. id
+end
+
+-- What the caller says of a lease it gives back, one argument: success ('1', '0', or '-' for no
+-- outcome), then, only when any of them is known, ',' retry-after ms ',' actual tokens ','
+-- actual cost (each empty when absent). Returns success (true, false or nil), retry-after,
+-- actual tokens, actual cost.
+local function outcome(text)
+  local first = string.byte(text, 1)
+  local success = nil
+  if first == 49 then success = true elseif first == 48 then success = false end
+  if #text <= 1 then return success end
+  local retry_after, actual_tokens, actual_cost = string.match(text, '^.,([^,]*),([^,]*),([^,]*)$')
+  return success, tonumber(retry_after), tonumber(actual_tokens), tonumber(actual_cost)
+end
+
 -- A lease as JSON (what cjson.encode writes, put together directly).
 local function lease_text(proc, pid, prov, bud, gen, probe, at, tok, cost, bk, off)
   local out = '{"proc":' .. (JSON_TEXTS[proc] or json_text(proc)) .. ',"pid":'
@@ -1034,6 +1054,27 @@ end
 -- text holds depends on the text alone. Emptied when they hold too many.
 local PLAIN_PIDS, PLAIN_PROVS, PLAIN_COUNT = {}, {}, 0
 
+-- Notes that an invocation is admitted on a provider (P:{ws}:r:<budget>, see the key layout);
+-- returns whether it was admitted there before.
+local function admitted_before(bud, prov)
+  local key, mark = BASE .. 'r:' .. bud, NAMES_R[prov] or key_r(prov)
+  local seen = redis.call('GET', key)
+  if not seen then
+    redis.call('SET', key, mark, 'PX', BUDGET_TTL_TEXT)
+    return false
+  end
+  local pos, n = 1, #seen
+  while pos <= n do
+    local colon = string.find(seen, ':', pos, true)
+    if colon == nil then break end
+    local size = tonumber(string.sub(seen, pos, colon - 1)) or 0
+    if string.sub(seen, colon + 1, colon + size) == prov then return true end
+    pos = colon + size + 1
+  end
+  redis.call('APPEND', key, mark)
+  return false
+end
+
 local function admit(w, lp, lw, lv, offered)
   local sp, sw, sv, sx = scopes_of(w.pid, w.prov)
   sp.a = sp.a + 1
@@ -1043,6 +1084,7 @@ local function admit(w, lp, lw, lv, offered)
   sp._dirty = true sw._dirty = true sv._dirty = true sx._dirty = true
   local tok = w.tok or 0
   local bkey = BASE .. 'b:' .. w.bud
+  local budgeted = false
   for i = 1, 3 do
     local kind, id, lim, s
     if i == 1 then kind, id, lim, s = 'P', w.pid, lp, sp
@@ -1054,19 +1096,15 @@ local function admit(w, lp, lw, lv, offered)
       if w.cost ~= nil then redis.call('HINCRBYFLOAT', bkey, f .. 'c', w.cost) end
       redis.call('HINCRBY', bkey, f .. 't', tok)
       if BUD ~= nil then BUD[bkey] = nil end
+      budgeted = true
     end
     if lim.rpm ~= nil then consume(s, 'rl', 'rt', lim.rpm, lim.rpm / 60000, 1) end
     if lim.tps ~= nil and tok > 0 then consume(s, 'tl', 'tt', lim.tps, lim.tps / 1000, tok) end
   end
-  -- Attempts of one invocation on this provider: a repeat is retry pressure. The budget key
-  -- lives BUDGET_TTL from the invocation's first admission.
-  local repeats = TAKEN_REPEATS
-  if repeats == nil or TAKEN_FOR ~= w.id then
-    repeats = redis.call('HINCRBY', bkey, key_r(w.prov), '1')
-    if repeats == 1 then redis.call('PEXPIRE', bkey, BUDGET_TTL_TEXT, 'NX') end
-  end
-  TAKEN_REPEATS, TAKEN_FOR = nil, nil
-  if repeats ~= 1 then pressure_event(w.prov) end
+  -- The budget key lives BUDGET_TTL from the invocation's first admission.
+  if budgeted then redis.call('PEXPIRE', bkey, BUDGET_TTL_TEXT, 'NX') end
+  -- A second admission of one invocation on this provider is a repeat: retry pressure.
+  if admitted_before(w.bud, w.prov) then pressure_event(w.prov) end
   release_holds(w)
   local probe = 0
   if lv.bk ~= nil and sv.bs == 'half-open' then
@@ -1087,7 +1125,7 @@ local function admit(w, lp, lw, lv, offered)
     sw._dirty = true
   end
   local text = lease_json(lease)
-  redis.call('HSET', LEASES, w.id, text)
+  redis.call('HSET', STATE, lease_field(w.id), text)
   if not offered then
     if WRITTEN_LEASES_COUNT >= 1024 then WRITTEN_LEASES, WRITTEN_LEASES_COUNT = {}, 0 end
     WRITTEN_LEASES[text] = lease
@@ -1131,9 +1169,14 @@ local function notify(proc, message)
 end
 
 -- Give back what a lease holds. `success` is true, false or nil (no outcome).
--- `gone`, when given, collects the ids to delete from P:{ws}:L (one HDEL for a batch).
+-- `gone`, when given, collects the lease fields to delete from the state hash (one HDEL for a
+-- batch).
 local function free_lease(id, lease, success, retry_after, actual_tokens, actual_cost, gone)
-  if gone then gone[#gone + 1] = id else redis.call('HDEL', LEASES, id) end
+  if gone then
+    gone[#gone + 1] = lease_field(id)
+  else
+    redis.call('HDEL', STATE, lease_field(id))
+  end
   if lease.off ~= nil then redis.call('ZREM', OFFERS, id) end
   local sp, sw, sv, sx = scopes_of(lease.pid, lease.prov)
   if sp.a >= 1 then sp.a = sp.a - 1 else sp.a = 0 end
@@ -1222,7 +1265,7 @@ local function lapse_grants()
   if tonumber(first[2]) > NOW then return tonumber(first[2]) end
   local due = redis.call('ZRANGEBYSCORE', OFFERS, '-inf', string.format('%.17g', NOW), 'LIMIT', 0, 256)
   for _, id in ipairs(due) do
-    local raw = redis.call('HGET', LEASES, id)
+    local raw = redis.call('HGET', STATE, lease_field(id))
     if raw then
       local lease = cjson.decode(raw)
       if lease.off ~= nil then free_lease(id, lease, nil, nil, nil, nil) end
@@ -1351,8 +1394,9 @@ local function needs_pump()
   return sw.q > 0 or sw.ox ~= nil
 end
 
--- Give back `n` leases whose arguments start at ARGV[at], five each: lease id, success ('1',
--- '0' or ''), retry-after ms, actual tokens, actual cost (each '' when absent). Returns one
+-- Give back `n` leases whose arguments start at ARGV[at], four each: lease id, its principal
+-- and provider as the caller knows them ('' if it does not; only the common acquire reads them,
+-- as a hint of which scopes to read with the leases), the outcome (see `outcome`). Returns one
 -- entry per lease: {st = 'released' | 'gone', tr = transitions it caused}. `also_fields` and
 -- `also_scopes` (optional) name limits and scopes the caller needs next: they are read with the
 -- leases' own, in the same two reads.
@@ -1362,7 +1406,7 @@ local function release_many(at, n, also_fields, also_scopes)
   if n == 1 then
     -- One lease (the usual case): the same steps without the batch's bookkeeping.
     local id = ARGV[at]
-    local raw = redis.call('HGET', LEASES, id)
+    local raw = redis.call('HGET', STATE, lease_field(id))
     if not raw then
       out[1] = {st = 'gone'}
       return out
@@ -1398,20 +1442,21 @@ local function release_many(at, n, also_fields, also_scopes)
         load_scopes({np, nv, nx, 'W'})
       end
     end
-    local success = nil
-    if ARGV[at + 1] == '1' then success = true elseif ARGV[at + 1] == '0' then success = false end
+    local success, retry_after, actual_tokens, actual_cost = outcome(ARGV[at + 3])
     RESULT_TRANSITIONS = {}
-    free_lease(id, lease, success, tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3]),
-      tonumber(ARGV[at + 4]))
+    free_lease(id, lease, success, retry_after, actual_tokens, actual_cost)
     local entry = {st = 'released'}
     if #RESULT_TRANSITIONS > 0 then entry.tr = RESULT_TRANSITIONS end
     RESULT_TRANSITIONS = {}
     out[1] = entry
     return out
   end
-  local ids = {}
-  for i = 0, n - 1 do ids[#ids + 1] = ARGV[at + 5 * i] end
-  local raws = redis.call('HMGET', LEASES, unpack(ids))
+  local ids, lease_fields = {}, {}
+  for i = 0, n - 1 do
+    ids[#ids + 1] = ARGV[at + 4 * i]
+    lease_fields[#lease_fields + 1] = lease_field(ARGV[at + 4 * i])
+  end
+  local raws = redis.call('HMGET', STATE, unpack(lease_fields))
   local leases, fields, names, seen = {}, {}, {}, {}
   for _, f in ipairs(also_fields or {}) do
     seen[f] = true
@@ -1444,12 +1489,9 @@ local function release_many(at, n, also_fields, also_scopes)
     if lease == nil or done[ids[i]] then
       out[i] = {st = 'gone'}
     else
-      local base = at + 5 * (i - 1)
-      local success = nil
-      if ARGV[base + 1] == '1' then success = true elseif ARGV[base + 1] == '0' then success = false end
+      local success, retry_after, actual_tokens, actual_cost = outcome(ARGV[at + 4 * i - 1])
       RESULT_TRANSITIONS = {}
-      free_lease(ids[i], lease, success, tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]),
-        tonumber(ARGV[base + 4]), gone)
+      free_lease(ids[i], lease, success, retry_after, actual_tokens, actual_cost, gone)
       done[ids[i]] = true
       local entry = {st = 'released'}
       if #RESULT_TRANSITIONS > 0 then entry.tr = RESULT_TRANSITIONS end
@@ -1457,16 +1499,41 @@ local function release_many(at, n, also_fields, also_scopes)
       out[i] = entry
     end
   end
-  if #gone > 0 then redis.call('HDEL', LEASES, unpack(gone)) end
+  if #gone > 0 then redis.call('HDEL', STATE, unpack(gone)) end
+  return out
+end
+
+-- Every lease of the workspace: a list of id, text, id, text...
+local function all_leases()
+  local flat = redis.call('HGETALL', STATE)
+  local out = {}
+  for i = 1, #flat, 2 do
+    local name = flat[i]
+    if string.byte(name, 1) == 76 then
+      out[#out + 1] = string.sub(name, 2)
+      out[#out + 1] = flat[i + 1]
+    end
+  end
   return out
 end
 
 -- Everything a dead process held in one workspace goes back; its waiters leave their lanes.
+-- Leases kept in the earlier layout (a hash of their own, P:{ws}:L, by a process of a release
+-- before this one's) go back the same way.
 local function reclaim_in_ws(dead)
-  local leases = redis.call('HGETALL', LEASES)
+  local leases = all_leases()
   for i = 1, #leases, 2 do
     local lease = cjson.decode(leases[i + 1])
     if lease.proc == dead then free_lease(leases[i], lease, nil, nil, nil, nil) end
+  end
+  local earlier = BASE .. 'L'
+  leases = redis.call('HGETALL', earlier)
+  for i = 1, #leases, 2 do
+    local lease = cjson.decode(leases[i + 1])
+    if lease.proc == dead then
+      redis.call('HDEL', earlier, leases[i])
+      free_lease(leases[i], lease, nil, nil, nil, nil, {})
+    end
   end
   local waiters = redis.call('HGETALL', WAITERS)
   for i = 1, #waiters, 2 do
@@ -1553,17 +1620,54 @@ end
 -- way.
 local COMMON_RELEASES = 8
 
--- The principal and provider of a lease given back in the common way (its arguments from
--- ARGV[at]): taken by its process, no breaker probe, no retry-after, no budget to reconcile;
--- nil otherwise.
-local function plain_lease(raw, at)
-  if ARGV[at + 2] ~= '' then return nil end
+-- The principal and provider of a lease given back in the common way (its stored text, and the
+-- text of its outcome): taken by its process, no breaker probe, no retry-after, no budget to
+-- reconcile; nil otherwise.
+local function plain_lease(raw, said)
+  -- (With figures, the outcome's third character is the comma after an empty retry-after.)
+  local figures = #said > 1
+  if figures and string.byte(said, 3) ~= 44 then return nil end
   local pid = PLAIN_PIDS[raw]
   if pid ~= nil then return pid, PLAIN_PROVS[raw] end
   local lease = WRITTEN_LEASES[raw] or cjson.decode(raw)
   if lease.off ~= nil or lease.probe == 1 then return nil end
-  if lease.bk == 1 and (ARGV[at + 3] ~= '' or ARGV[at + 4] ~= '') then return nil end
+  -- No retry-after, so the figures are actual tokens or cost: a budget would reconcile them.
+  if lease.bk == 1 and figures then return nil end
   return lease.pid, lease.prov
+end
+
+-- Names a lease's scopes that are not the request's in `extra` (name -> false until read) and,
+-- when `names` is given, appends those not named yet to it.
+local function extra_scopes(extra, names, lpid, lprov, np, nv)
+  local lp_, lv_, lx_ = key_p(lpid), key_v(lprov), key_x(lprov, lpid)
+  if lp_ == np and lv_ == nv then return extra end
+  extra = extra or {}
+  if lp_ ~= np and extra[lp_] == nil then
+    extra[lp_] = false
+    if names then names[#names + 1] = lp_ end
+  end
+  if lv_ ~= nv and extra[lv_] == nil then
+    extra[lv_] = false
+    if names then names[#names + 1] = lv_ end
+  end
+  if extra[lx_] == nil then
+    extra[lx_] = false
+    if names then names[#names + 1] = lx_ end
+  end
+  return extra
+end
+
+-- Reads into `extra` the scopes it names from `names[from]` on, given their stored values in
+-- `r` (in the order of `names`). Returns false when one is not in the common shape.
+local function read_extra(extra, names, r, from)
+  for i = from, #names do
+    local text = r[i - from + 1] or ''
+    local e = {unpack_common(text)}
+    if e[1] == false then return false end
+    e[7] = text
+    extra[names[i]] = e
+  end
+  return true
 end
 
 -- The parsed limits of the profiles in use, by digest (a digest names the limits it covers,
@@ -1605,9 +1709,7 @@ end
 -- every scope it reads holding counts and buckets only, the revision current, no invocation
 -- budget, reserved permit, pause, breaker state or retry pressure in the way, and capacity free.
 -- It writes what the general path would write and answers the same text. In any other case it
--- returns nil before it writes anything, and the general path decides; one thing is learnt only
--- by writing (an invocation's repeat on a provider, from its repeat count), and then the general
--- path takes that count over (TAKEN_REPEATS, see admit).
+-- returns nil before it writes anything, and the general path decides.
 --
 -- The request's four scopes are locals (a, q, rl, rt, tl, tt and the stored text of each);
 -- another scope of a lease given back is an entry of `extra`: name -> {a, q, rl, rt, tl, tt,
@@ -1633,56 +1735,64 @@ local function common_acquire()
   local lw, lp, lv, rsv = profile_limits(k[2], dg, np, nv)
   if rsv or not lw or not lp or not lv then return nil end
   if lp.budgeted or lw.budgeted or lv.budgeted then return nil end
-  -- The leases given back, and the names of their scopes that are not the request's.
-  local ids, lpids, lprovs, extra, lpid1, lprov1 = nil, nil, nil, nil, nil, nil
-  if nrel == 1 then
-    local raw = redis.call('HGET', k[4], ARGV[17])
-    if not raw then return nil end
-    lpid1, lprov1 = plain_lease(raw, 17)
-    if lpid1 == nil then return nil end
-  elseif nrel > 1 then
-    ids, lpids, lprovs = {}, {}, {}
+  -- The scopes (the request's four, and those the caller names for the leases it gives back)
+  -- and the leases, in one read; the scopes of a lease that the caller did not name are read
+  -- next, once its text says which they are.
+  local st = k[8]
+  local lids, lpids, lprovs, extra, names = nil, nil, nil, nil, nil
+  local lf1, lpid1, lprov1 = nil, nil, nil
+  if nrel == 0 then
+    r = redis.call('HMGET', st, 'W', np, nv, nx)
+  elseif nrel == 1 and ARGV[18] == pid and ARGV[19] == prov then
+    -- The caller's own last permit (of the same pair, as it says): one read, no tables. A lease
+    -- that says otherwise goes the general way.
+    lf1 = lease_field(ARGV[17])
+    r = redis.call('HMGET', st, 'W', np, nv, nx, lf1)
+    if not r[5] then return nil end
+    lpid1, lprov1 = plain_lease(r[5], ARGV[20])
+    if lpid1 ~= pid or lprov1 ~= prov then return nil end
+  else
+    lids, lpids, lprovs = {}, {}, {}
+    names = {'W', np, nv, nx}
     for i = 1, nrel do
-      local id = ARGV[12 + 5 * i]
+      local id = ARGV[13 + 4 * i]
       for j = 1, i - 1 do
-        if ids[j] == id then return nil end
+        if lids[j] == id then return nil end
       end
-      ids[i] = id
+      lids[i] = id
+      names[4 + i] = lease_field(id)
     end
-    local raws = redis.call('HMGET', k[4], unpack(ids))
     for i = 1, nrel do
-      local raw = raws[i]
+      local hp, hv = ARGV[14 + 4 * i], ARGV[15 + 4 * i]
+      if hp ~= '' and hv ~= '' then extra = extra_scopes(extra, names, hp, hv, np, nv) end
+    end
+    local first_extra = 5 + nrel
+    r = redis.call('HMGET', st, unpack(names))
+    if #names >= first_extra then
+      local e = {}
+      for i = first_extra, #names do e[#e + 1] = r[i] end
+      if not read_extra(extra, names, e, first_extra) then return nil end
+    end
+    for i = 1, nrel do
+      local raw = r[4 + i]
       if not raw then return nil end
-      local lpid, lprov = plain_lease(raw, 12 + 5 * i)
+      local lpid, lprov = plain_lease(raw, ARGV[16 + 4 * i])
       if lpid == nil then return nil end
       lpids[i], lprovs[i] = lpid, lprov
+      extra = extra_scopes(extra, nil, lpid, lprov, np, nv)
     end
-  end
-  for i = 1, nrel do
-    local lpid, lprov = lpid1, lprov1
-    if nrel > 1 then lpid, lprov = lpids[i], lprovs[i] end
-    local lp_, lv_, lx_ = key_p(lpid), key_v(lprov), key_x(lprov, lpid)
-    if lp_ ~= np or lv_ ~= nv then
-      extra = extra or {}
-      if lp_ ~= np then extra[lp_] = false end
-      if lv_ ~= nv then extra[lv_] = false end
-      extra[lx_] = false
-    end
-  end
-  -- The scopes, in the common shape only.
-  local names = nil
-  if extra == nil then
-    r = redis.call('HMGET', k[9], 'W', np, nv, nx)
-  else
-    names = {'W', np, nv, nx}
-    for name in pairs(extra) do names[#names + 1] = name end
-    r = redis.call('HMGET', k[9], unpack(names))
-    for i = 5, #names do
-      local text = r[i] or ''
-      local s = {unpack_common(text)}
-      if s[1] == false then return nil end
-      s[7] = text
-      extra[names[i]] = s
+    if extra ~= nil then
+      local missing = nil
+      for name, v in pairs(extra) do
+        if v == false then
+          missing = missing or {}
+          missing[#missing + 1] = name
+        end
+      end
+      if missing ~= nil then
+        local got = redis.call('HMGET', st, unpack(missing))
+        if not read_extra(extra, missing, got, 1) then return nil end
+      end
     end
   end
   local wt, pt, vt, xt = r[1], r[2] or '', r[3] or '', r[4] or ''
@@ -1699,8 +1809,8 @@ local function common_acquire()
   -- The leases go back (a failure under a breaker goes the general way).
   for i = 1, nrel do
     local lpid, lprov = lpid1, lprov1
-    if nrel > 1 then lpid, lprov = lpids[i], lprovs[i] end
-    if ARGV[13 + 5 * i] == '0' then
+    if lpids ~= nil then lpid, lprov = lpids[i], lprovs[i] end
+    if string.byte(ARGV[16 + 4 * i], 1) == 48 then
       local lim = lv
       if lprov ~= prov then
         local name = key_v(lprov)
@@ -1764,14 +1874,12 @@ local function common_acquire()
     vk = refilled(vtl, vtt, vtps, vtps / 1000)
     if vk < need - EPS then return nil end
   end
-  -- Admitted. The repeat count first: a repeat goes the general way, with its count taken.
-  local bkey = k[1] .. 'b:' .. ARGV[8]
-  local repeats = redis.call('HINCRBY', bkey, key_r(prov), '1')
-  if repeats ~= 1 then
-    TAKEN_REPEATS, TAKEN_FOR = repeats, ARGV[5]
+  -- Admitted, if this is the invocation's first admission: a repeat, or a second provider, goes
+  -- the general way (the mark is written only where there was none).
+  if not redis.call('SET', k[1] .. 'r:' .. ARGV[8], NAMES_R[prov] or key_r(prov), 'NX', 'PX',
+      BUDGET_TTL_TEXT) then
     return nil
   end
-  redis.call('PEXPIRE', bkey, BUDGET_TTL_TEXT, 'NX')
   pa, wa, va, xa = pa + 1, wa + 1, va + 1, xa + 1
   if prpm ~= nil then prl, prt = taken(pr, prpm, 1) end
   if wrpm ~= nil then wrl, wrt = taken(wr, wrpm, 1) end
@@ -1781,23 +1889,24 @@ local function common_acquire()
     if wtps ~= nil then wtl, wtt = taken(wk, wtps, need) end
     if vtps ~= nil then vtl, vtt = taken(vk, vtps, need) end
   end
-  if nrel == 1 then
-    redis.call('HDEL', k[4], ARGV[17])
-  elseif nrel > 1 then
-    redis.call('HDEL', k[4], unpack(ids))
-  end
   local text = lease_text(PROC, pid, prov, ARGV[8], 0, 0, NOW, tok, tonumber(ARGV[10]))
-  redis.call('HSET', k[4], ARGV[5], text)
   if PLAIN_COUNT >= 1024 then PLAIN_PIDS, PLAIN_PROVS, PLAIN_COUNT = {}, {}, 0 end
   PLAIN_PIDS[text], PLAIN_PROVS[text] = pid, prov
   PLAIN_COUNT = PLAIN_COUNT + 1
   if ARGV[14] ~= '1' then
-    redis.call('ZADD', k[10], string.format('%.17g', NOW + PROC_TTL), PROC)
+    redis.call('ZADD', k[9], string.format('%.17g', NOW + PROC_TTL), PROC)
   end
-  -- The scopes that changed.
-  local set, del = {}, nil
+  -- The lease, and the scopes that changed, in one write; the leases given back, and scopes
+  -- back at their defaults, in one delete.
+  local set, del = {lease_field(ARGV[5]), text}, nil
+  if names ~= nil then
+    del = {}
+    for i = 1, nrel do del[i] = names[4 + i] end
+  elseif lf1 ~= nil then
+    del = {lf1}
+  end
   local packed = pack_common(wa, wq, wrl, wrt, wtl, wtt)
-  if packed ~= wt then set[1], set[2] = 'W', packed end
+  if packed ~= wt then set[3], set[4] = 'W', packed end
   packed = pack_common(pa, pq, prl, prt, ptl, ptt)
   if packed ~= pt then set[#set + 1], set[#set + 2] = np, packed end
   packed = pack_common(va, vq, vrl, vrt, vtl, vtt)
@@ -1817,9 +1926,9 @@ local function common_acquire()
       end
     end
   end
-  if del ~= nil then redis.call('HDEL', k[9], unpack(del)) end
-  if #set > 0 then redis.call('HSET', k[9], unpack(set)) end
-  if idle_before and (del ~= nil or #set > 0) then redis.call('PERSIST', k[9]) end
+  if del ~= nil then redis.call('HDEL', st, unpack(del)) end
+  redis.call('HSET', st, unpack(set))
+  if idle_before then redis.call('PERSIST', st) end
   local rel = ''
   if nrel == 1 then
     rel = ',"rel":[{"st":"released"}]'

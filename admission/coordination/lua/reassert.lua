@@ -10,7 +10,7 @@ local restored, dropped = 0, 0
 local held = {}
 for _, lease in ipairs(cjson.decode(ARGV[4])) do held[lease.id] = lease end
 local began = epoch_began()
-local stored = redis.call('HGETALL', LEASES)
+local stored = all_leases()
 for i = 1, #stored, 2 do
   local id = stored[i]
   if held[id] == nil then
@@ -22,13 +22,13 @@ for i = 1, #stored, 2 do
   end
 end
 for _, lease in pairs(held) do
-  if redis.call('HEXISTS', LEASES, lease.id) == 0 then
+  if redis.call('HEXISTS', STATE, lease_field(lease.id)) == 0 then
     local sv = scope(key_v(lease.prov))
     lease.proc = PROC
     lease.gen = sv.bg or 0
     lease.probe = 0
     lease.at = NOW
-    redis.call('HSET', LEASES, lease.id, cjson.encode(lease))
+    redis.call('HSET', STATE, lease_field(lease.id), cjson.encode(lease))
     for _, s in ipairs({scope(key_p(lease.pid)), scope(key_w()), sv, scope(key_x(lease.prov, lease.pid))}) do
       s.a = s.a + 1
       s._dirty = true

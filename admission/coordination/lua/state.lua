@@ -21,7 +21,7 @@ for _, field in ipairs(redis.call('HKEYS', PROF)) do
   end
 end
 out.principals = principals
-out.leases = redis.call('HLEN', LEASES)
+out.leases = #all_leases() / 2
 out.waiters = redis.call('HLEN', WAITERS)
 out.offers = redis.call('ZCARD', OFFERS)
 out.lanes = redis.call('ZCARD', ROT)

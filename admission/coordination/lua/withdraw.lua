@@ -21,7 +21,7 @@ if w ~= nil then
   ev.ep = epoch
   return reply(ev)
 end
-local raw = redis.call('HGET', LEASES, id)
+local raw = redis.call('HGET', STATE, lease_field(id))
 if raw then
   free_lease(id, cjson.decode(raw), nil, nil, nil, nil)
   pump()

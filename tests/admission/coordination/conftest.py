@@ -9,10 +9,11 @@ three primaries with a replica each that the tests start on loopback (once per s
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +89,17 @@ class Process:
         return controller
 
 
+def leases_in(state: Mapping[Any, Any]) -> dict[str, Any]:
+    """The leases among the fields of a workspace's state hash (`L<lease id>` -> the lease), by
+    lease id; scope fields never begin with L."""
+    out: dict[str, Any] = {}
+    for name, value in state.items():
+        text = name.decode() if isinstance(name, bytes) else str(name)
+        if text.startswith("L"):
+            out[text[1:]] = value
+    return out
+
+
 @dataclass
 class Deployment:
     """Coordinators sharing one Redis under one prefix, and a plain client to look inside."""
@@ -139,6 +151,11 @@ class Deployment:
     def key(self, suffix: str, workspace: str = WORKSPACE) -> str:
         return f"{self.prefix}:{{{workspace}}}:{suffix}"
 
+    def leases(self, workspace: str = WORKSPACE) -> dict[str, dict[str, Any]]:
+        """The workspace's leases as stored, by lease id."""
+        stored = leases_in(self.client.hgetall(self.key("s", workspace)))
+        return {lease_id: json.loads(text) for lease_id, text in stored.items()}
+
     def lose_epoch(self, workspace: str = WORKSPACE) -> None:
         """What a promoted replica or a Redis restarted from its AOF lacks: the workspace's
         epoch (its `e:` fields of the profile hash, never replicated)."""
@@ -153,8 +170,12 @@ class Deployment:
         return parse_scope(self.client.hget(self.key("s"), suffix))
 
     def scopes(self) -> dict[str, dict[str, str]]:
-        """Every stored scope of the workspace."""
-        return {name: parse_scope(raw) for name, raw in self.client.hgetall(self.key("s")).items()}
+        """Every stored scope of the workspace (the state hash's fields but its leases)."""
+        return {
+            name: parse_scope(raw)
+            for name, raw in self.client.hgetall(self.key("s")).items()
+            if not name.startswith("L")
+        }
 
     def active(self, suffix: str) -> int:
         return int(self.scope(suffix).get("a", 0))

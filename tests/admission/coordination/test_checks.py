@@ -209,6 +209,41 @@ def test_invocation_budget_rejects_and_consumes_nothing(deployment: Deployment) 
     run(deployment, scenario)
 
 
+def test_a_second_admission_of_an_invocation_on_a_provider_is_retry_pressure(
+    deployment: Deployment,
+) -> None:
+    """Each process's first admission of an invocation is decided the common way; the second on
+    the same provider, from another process, is a repeat (one retry-pressure event), one on
+    another provider is not, and forgetting the invocation forgets where it was admitted."""
+    procs = [deployment.process() for _ in range(2)]
+    deployment.register(profile(providers={"llm": {"concurrency": 10}, "alt": {"concurrency": 10}}))
+    events = deployment.key("pr:llm")
+
+    async def scenario() -> None:
+        first = await procs[0].controller().acquire(request(budget="inv"))
+        assert first.evidence.retry_pressure == 0
+        first.release(success=True)
+        other = await procs[1].controller().acquire(request(provider="alt", budget="inv"))
+        assert other.evidence.retry_pressure == 0
+        other.release(success=True)
+        await settle(deployment)
+        assert deployment.client.llen(events) == 0
+        again = await procs[1].controller().acquire(request(budget="inv"))
+        again.release(success=True)
+        await settle(deployment)
+        assert deployment.client.llen(events) == 1
+        assert deployment.client.exists(deployment.key("r:inv")) == 1
+        procs[0].controller().release_budget("inv")
+        await settle(deployment)
+        assert deployment.client.exists(deployment.key("r:inv")) == 0
+        fresh = await procs[0].controller().acquire(request(budget="inv"))
+        fresh.release(success=True)
+        await settle(deployment)
+        assert deployment.client.llen(events) == 1
+
+    run(deployment, scenario)
+
+
 def test_request_bucket_defers_and_queue_timeout_refuses(deployment: Deployment) -> None:
     procs = [deployment.process() for _ in range(2)]
     deployment.register(
@@ -435,6 +470,34 @@ def test_permits_of_a_dead_process_come_back_after_its_lease(deployment: Deploym
     run(deployment, scenario)
 
 
+def test_permits_a_dead_process_kept_in_the_earlier_layout_come_back(
+    deployment: Deployment,
+) -> None:
+    """A process of the release before kept its leases in a hash of their own (`P:{ws}:L`): once
+    it is dead, its permits go back like any dead process's."""
+    doomed = deployment.process(register=profile(workspace={"concurrency": 1}))
+    survivor = deployment.process()
+    deployment.register(profile(workspace={"concurrency": 1}), survivor)
+
+    async def scenario() -> None:
+        held = await doomed.controller().acquire(request())
+        for task in doomed.coordinator._tasks:
+            task.cancel()
+        # Where the earlier layout kept the lease.
+        client = deployment.client
+        text = client.hget(deployment.key("s"), "L" + held.id)
+        assert text is not None
+        client.hdel(deployment.key("s"), "L" + held.id)
+        client.hset(deployment.key("L"), held.id, text)
+        lease = await asyncio.wait_for(survivor.controller().acquire(request("bob")), 10)
+        assert client.exists(deployment.key("L")) == 0
+        lease.release(success=True)
+        await settle(deployment)
+        assert deployment.active("W") == 0
+
+    run(deployment, scenario)
+
+
 def test_idle_state_expires_and_nothing_grows(deployment: Deployment) -> None:
     deployment.settings = {"idle_ttl_ms": 300, "budget_ttl_ms": 300}
     process = deployment.process(
@@ -457,7 +520,13 @@ def test_idle_state_expires_and_nothing_grows(deployment: Deployment) -> None:
             ttl = client.pttl(key)
             assert 0 < ttl <= 7_200_000, (key, ttl)
         await until(
-            lambda: not [k for k in deployment.stored_keys() if ":b:" in k or k.endswith("}:s")],
+            lambda: (
+                not [
+                    k
+                    for k in deployment.stored_keys()
+                    if ":b:" in k or ":r:" in k or k.endswith("}:s")
+                ]
+            ),
             timeout=5,
         )
 

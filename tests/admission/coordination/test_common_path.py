@@ -33,7 +33,12 @@ from admission.coordination import scripts
 from admission.coordination.controller import profile_fields
 from admission.coordination.protocol import Acquire, Header, Install, Release, parse_scope
 from admission.core import Profile
-from tests.admission.coordination.conftest import SHARED_REDIS, WORKSPACE, _reachable
+from tests.admission.coordination.conftest import (
+    SHARED_REDIS,
+    WORKSPACE,
+    _reachable,
+    leases_in,
+)
 from tests.admission.coordination.test_agreement import PRINCIPALS, PROVIDERS, profiles
 
 pytestmark = pytest.mark.skipif(
@@ -72,17 +77,19 @@ class Side:
         base = f"{self.prefix}:{{{WORKSPACE}}}:"
         out: dict[str, Any] = {}
         for name, raw in self.client.hgetall(base + "s").items():
+            if name.startswith(b"L"):
+                continue
             fields = parse_scope(raw)
             for moment in ("rt", "tt", "pz", "bo", "pl", "tb"):
                 fields.pop(moment, None)
             levels = {level: float(fields.pop(level)) for level in ("rl", "tl") if level in fields}
             out[f"scope {name.decode()}"] = fields
             out[f"levels {name.decode()}"] = levels
-        for lease_id, raw in self.client.hgetall(base + "L").items():
+        for lease_id, raw in leases_in(self.client.hgetall(base + "s")).items():
             lease = json.loads(raw)
             lease.pop("at", None)
             lease.pop("off", None)
-            out[f"lease {lease_id.decode()}"] = lease
+            out[f"lease {lease_id}"] = lease
         for waiter_id, raw in self.client.hgetall(base + "W").items():
             waiter = json.loads(raw)
             for moment in ("arr", "exp"):
@@ -90,6 +97,8 @@ class Side:
             out[f"waiter {waiter_id.decode()}"] = waiter
         for key in self.client.scan_iter(match=base + "b:*"):
             out[key.decode()[len(base) :]] = self.client.hgetall(key)
+        for key in self.client.scan_iter(match=base + "r:*"):
+            out[key.decode()[len(base) :]] = self.client.get(key)
         for key in self.client.scan_iter(match=base + "q:*"):
             out[key.decode()[len(base) :]] = self.client.lrange(key, 0, -1)
         return out
@@ -136,8 +145,12 @@ steps = st.lists(
         st.sampled_from(PROVIDERS),
         st.sampled_from([None, 0, 2, 5]),
         st.sampled_from(["inv-1", "inv-2", "fresh"]),
-        # Leases given back first: indexes into those held, each with an outcome.
-        st.lists(st.tuples(st.integers(0, 7), outcomes), max_size=3),
+        # Leases given back first: indexes into those held, each with an outcome and with what
+        # the caller says of its scopes (nothing, the truth, or another pair's).
+        st.lists(
+            st.tuples(st.integers(0, 7), outcomes, st.sampled_from(["none", "true", "other"])),
+            max_size=3,
+        ),
         st.booleans(),
     ),
     min_size=1,
@@ -166,12 +179,17 @@ def test_the_common_path_answers_and_writes_what_the_general_path_would(
             answer = side.call(scripts.function_name("install"), install.pack())
             assert answer["st"] == "installed", answer
         held: list[str] = []
+        pairs: dict[str, tuple[str, str]] = {}
         for index, (principal, provider, tokens, budget, giving, registered) in enumerate(sequence):
             releases = []
-            for pick, (success, retry_after, actual) in giving:
+            for pick, (success, retry_after, actual), hint in giving:
                 if held:
                     lease_id = held[pick % len(held)]
-                    releases.append(Release(lease_id, success, retry_after, actual, None))
+                    said = {"none": ("", ""), "true": pairs[lease_id]}.get(hint)
+                    if said is None:
+                        said = (PRINCIPALS[-1], PROVIDERS[-1])
+                    release = Release(lease_id, success, retry_after, actual, None, *said)
+                    releases.append(release)
             request_id = f"r{index}"
             call = Acquire(
                 profile.profile_version,
@@ -196,6 +214,7 @@ def test_the_common_path_answers_and_writes_what_the_general_path_would(
                     held.remove(release.lease_id)
             if answers[0]["st"] == "admit":
                 held.append(request_id)
+                pairs[request_id] = (principal, provider)
     finally:
         for side in sides:
             keys = list(client.scan_iter(match=f"{side.prefix}:*"))
@@ -255,16 +274,24 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
         assert acquire("r1") == "admit"
         assert acquire("r2", Release("r1", True, None, 8, None)) == "common"
         assert acquire("r3", Release("r2", None), budget="shared") == "common"
+        # The caller names the lease's scopes (read with the request's), rightly or wrongly.
+        assert acquire("r3a", Release("r3", True, principal_id="alice", provider_id="llm")) == (
+            "common"
+        )
+        assert acquire("r3b", Release("r3a", True, principal_id="bob", provider_id="llm")) == (
+            "common"
+        )
         # Sent again after a lost answer: the general path looks for what the first copy took.
         assert acquire("r3", fresh=False) == "admit"
         # A principal with an invocation budget; a lease given back twice in one call.
         assert acquire("r4", principal="bob") == "admit"
         assert acquire("r5", Release("r4", True), Release("r4", True)) == "admit"
         # A second admission of one invocation on the provider is a repeat (retry pressure):
-        # the general path decides it with the count the common path took, counted once.
+        # the common path leaves it to the general path, which counts it once.
         assert acquire("r6", budget="shared") == "admit"
-        repeats = client.hgetall(f"{side.prefix}:{{{WORKSPACE}}}:b:shared")
-        assert repeats == {b"r3:llm": b"2"}
+        base = f"{side.prefix}:{{{WORKSPACE}}}:"
+        assert client.get(base + "r:shared") == b"3:llm"
+        assert client.llen(base + "pr:llm") == 1
         # A retry-after pauses the provider: the request that reports it waits.
         assert acquire("r7", Release("r5", False, 60_000.0)) == "queued"
     finally:

@@ -240,7 +240,7 @@ def test_a_promoted_state_that_missed_a_release_gives_the_permit_back(
         # permit goes back, and the decision is admitted at once (the ceiling is one).
         again = await process.controller().acquire(request(budget="inv-2"))
         assert deployment.active("V:llm") == 1
-        assert len(client.hkeys(deployment.key("L"))) == 1
+        assert len(deployment.leases()) == 1
         again.release(success=True)
         await settle(deployment)
         assert deployment.active("V:llm") == 0

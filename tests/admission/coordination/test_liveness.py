@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from admission.coordination.protocol import parse_scope
 from admission.core import AdmissionRejected, CancelSignal, Profile
-from tests.admission.coordination.conftest import WORKSPACE, Deployment, request
+from tests.admission.coordination.conftest import WORKSPACE, Deployment, leases_in, request
 from tests.private_services import PrivateRedis
 
 LEASE_TTL_MS = 600
@@ -186,7 +186,7 @@ class StallingRedis(RuleBasedStateMachine):
         }
         return {
             key: lease
-            for key, lease in self.stored("L").items()
+            for key, lease in self.deployment.leases().items()
             if key not in held.get(lease["proc"], set())
         }
 
@@ -215,11 +215,11 @@ class StallingRedis(RuleBasedStateMachine):
         a withdraw running between them would show a lease next to counters that no longer
         count it."""
         with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(self.deployment.key("L"))
+            pipe.hgetall(self.deployment.key("s"))
             pipe.hgetall(self.deployment.key("W"))
             pipe.hmget(self.deployment.key("s"), ["P:alice", "P:bob"])
             raw_leases, raw_waiters, raw_scopes = pipe.execute()
-        leases = {key: json.loads(value) for key, value in raw_leases.items()}
+        leases = {key: json.loads(value) for key, value in leases_in(raw_leases).items()}
         waiters = {key: json.loads(value) for key, value in raw_waiters.items()}
         scopes = {
             principal: parse_scope(raw)
@@ -254,8 +254,11 @@ class StallingRedis(RuleBasedStateMachine):
             self.settle()
             # Everything given back: nothing held, nothing queued, nothing counted.
             started = time.monotonic()
-            while self.stored("L") or self.stored("W"):
-                assert time.monotonic() - started < BOUND_S, (self.stored("L"), self.stored("W"))
+            while self.deployment.leases() or self.stored("W"):
+                assert time.monotonic() - started < BOUND_S, (
+                    self.deployment.leases(),
+                    self.stored("W"),
+                )
                 self.spin(0.02)
             for principal in ("alice", "bob"):
                 scope = self.deployment.scope(f"P:{principal}")

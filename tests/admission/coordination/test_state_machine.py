@@ -142,8 +142,7 @@ class CoordinatedAdmission(RuleBasedStateMachine):
 
     def grants_on_their_way(self) -> bool:
         live = {self.processes[i].coordinator.process_id for i in range(3) if self.alive[i]}
-        for raw in self.redis.hgetall(self.deployment.key("L")).values():
-            lease = json.loads(raw)
+        for lease in self.deployment.leases().values():
             if "off" in lease and lease["proc"] in live:
                 return True
         return False
@@ -274,7 +273,7 @@ class CoordinatedAdmission(RuleBasedStateMachine):
     @invariant()
     def shared_state_keeps_every_promise(self) -> None:
         self.settle()
-        leases = {k: json.loads(v) for k, v in self.redis.hgetall(self.deployment.key("L")).items()}
+        leases = self.deployment.leases()
         waiters = {
             k: json.loads(v) for k, v in self.redis.hgetall(self.deployment.key("W")).items()
         }
