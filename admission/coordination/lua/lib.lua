@@ -1658,10 +1658,10 @@ local function extra_scopes(extra, names, lpid, lprov, np, nv)
 end
 
 -- Reads into `extra` the scopes it names from `names[from]` on, given their stored values in
--- `r` (in the order of `names`). Returns false when one is not in the common shape.
+-- `r` (the answer of an HMGET of `names`). Returns false when one is not in the common shape.
 local function read_extra(extra, names, r, from)
   for i = from, #names do
-    local text = r[i - from + 1] or ''
+    local text = r[i] or ''
     local e = {unpack_common(text)}
     if e[1] == false then return false end
     e[7] = text
@@ -1768,11 +1768,7 @@ local function common_acquire()
     end
     local first_extra = 5 + nrel
     r = redis.call('HMGET', st, unpack(names))
-    if #names >= first_extra then
-      local e = {}
-      for i = first_extra, #names do e[#e + 1] = r[i] end
-      if not read_extra(extra, names, e, first_extra) then return nil end
-    end
+    if not read_extra(extra, names, r, first_extra) then return nil end
     for i = 1, nrel do
       local raw = r[4 + i]
       if not raw then return nil end
