@@ -14,10 +14,11 @@ command statistics; and Redis memory per principal with a waiter, at 10 000 prin
 does nothing (FCALL) through redis-py's asyncio client and through the pipelined connection
 Sluice's decisions use (admission/coordination/wire.py), a hit of `limits`' sliding-window
 counter (its Redis strategy, on redis-py's asyncio client), and a whole Sluice decision
-(acquire, then release): acquire p50 with one caller, Redis time per hit or decision (INFO
-commandstats), and hits or decisions per second with 1 process x 8 callers and 4 processes x 8
-callers; function or script calls and the `redis.call`s inside them per hit or decision,
-Sluice's round trips per decision, and the four ratios against their targets.
+(acquire, then release; then the same with each decision an invocation of its own, forgotten
+after it as the evaluation engine does): acquire p50 with one caller, Redis time per hit or
+decision (INFO commandstats), and hits or decisions per second with 1 process x 8 callers and
+4 processes x 8 callers; function or script calls and the `redis.call`s inside them per hit or
+decision, Sluice's round trips per decision, and the four ratios against their targets.
 `--cluster` measures on a Redis Cluster (one it starts on loopback unless `--redis` names one):
 nodes touched per decision, and decisions per second with the load on one shard and spread over
 three (see coordination_cluster.py). Asserts nothing.
@@ -87,8 +88,12 @@ def coordinated(
     return registry, coordinator
 
 
-async def decide(registry: AdmissionRegistry, seconds: float, callers: int, tag: str) -> dict:
-    """`callers` coroutines each acquire and release in a loop for `seconds`."""
+async def decide(
+    registry: AdmissionRegistry, seconds: float, callers: int, tag: str, *, forget: bool = False
+) -> dict:
+    """`callers` coroutines each acquire and release in a loop for `seconds`; with `forget`,
+    each decision is an invocation of its own, forgotten once its lease is back
+    (`release_budget`), as the evaluation engine does when an invocation ends."""
     controller = registry.controller(WORKSPACE)
     assert controller is not None
     latencies: list[float] = []
@@ -106,6 +111,8 @@ async def decide(registry: AdmissionRegistry, seconds: float, callers: int, tag:
             lease = await controller.acquire(item)
             latencies.append((time.perf_counter() - started) * 1e6)
             lease.release(success=True, actual_tokens=8)
+            if forget:
+                controller.release_budget(item.budget_id)
             done += 1
             await asyncio.sleep(0)
 
@@ -128,11 +135,13 @@ def one_process(
     queue: Any = None,
     *,
     budgets: bool = False,
+    forget: bool = False,
 ) -> dict:
     async def main() -> dict:
         registry, coordinator = coordinated(url, prefix, budgets=budgets)
         try:
-            result = await decide(registry, seconds, callers, uuid.uuid4().hex[:6])
+            tag = uuid.uuid4().hex[:6]
+            result = await decide(registry, seconds, callers, tag, forget=forget)
             await coordinator.settle()
             result["round_trips"] = dict(coordinator.round_trips)
             return result
@@ -293,8 +302,8 @@ def anchor_process(
     kind: str, url: str, prefix: str, seconds: float, callers: int, queue: Any
 ) -> None:
     cpu = time.process_time()
-    if kind == "sluice":
-        result = one_process(url, prefix, seconds, callers)
+    if kind in ("sluice", "sluice-forget"):
+        result = one_process(url, prefix, seconds, callers, forget=kind == "sluice-forget")
     elif kind == "limits":
         result = asyncio.run(limits_loop(url, seconds, callers))
     else:
@@ -360,7 +369,7 @@ def anchors(url: str, seconds: float, callers: int) -> None:
     client = redis.Redis.from_url(url)
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     rows: dict[str, dict[str, float]] = {}
-    for kind in ("noop", "noop-wire", "limits", "sluice"):
+    for kind in ("noop", "noop-wire", "limits", "sluice", "sluice-forget"):
         alone = run_kind(kind, url, prefix, seconds, 1, 1)
         before = command_usec(client)
         loaded = run_kind(kind, url, prefix, seconds, callers, 1)
@@ -395,6 +404,7 @@ def anchors(url: str, seconds: float, callers: int) -> None:
         "noop-wire": "no-op FCALL, Sluice's connection",
         "limits": "limits sliding-window counter hit",
         "sluice": "Sluice decision (acquire+release)",
+        "sluice-forget": "the same, invocation then forgotten",
     }
     for kind, row in rows.items():
         print(
@@ -408,6 +418,12 @@ def anchors(url: str, seconds: float, callers: int) -> None:
         f"Sluice round trips per decision (1x{callers}): acquire {sluice['acquire']:.3f}, "
         f"release {sluice['release']:.3f} (the rest ride on the next acquire), "
         f"heartbeat {sluice['heartbeat']:.4f}"
+    )
+    forgetting = rows["sluice-forget"]
+    print(
+        f"  with each invocation forgotten after its decision (release_budget): acquire "
+        f"{forgetting['acquire']:.3f}, release {forgetting['release']:.3f} (the forgets ride "
+        "along too)"
     )
     ratios = {
         "p50": sluice["p50"] / noop["p50"],

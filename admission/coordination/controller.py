@@ -18,6 +18,7 @@ import math
 import os
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from admission.coordination.protocol import (
@@ -31,7 +32,6 @@ from admission.coordination.protocol import (
     CoordinationUnavailable,
     Decision,
     Figures,
-    ForgetBudget,
     Install,
     InstallResult,
     LeaseRecord,
@@ -282,6 +282,9 @@ class CoordinatedController:
         # Leases given back and not yet sent: the next acquire takes them along, or the flush
         # sends them together within two turns of the event loop (see `give_back`).
         self._pending: list[tuple[Release, CoordinatedLease]] = []
+        # Invocations this process is done with (budget ids), not yet sent: they travel the same
+        # way, after the leases.
+        self._forgets: list[str] = []
         self._flush_armed = False
         # (principal, provider) -> its lane's static rules under the current profile.
         self._lanes: dict[tuple[str, str], _Lane] = {}
@@ -341,8 +344,12 @@ class CoordinatedController:
         return await self._coordinator.call(self.workspace_id, State(principal_id, minutes))
 
     def release_budget(self, budget_id: str) -> None:
-        """Forget exactly this invocation's budgets, deployment-wide (in the background)."""
-        self._coordinator.background(self._forget_budget(budget_id))
+        """Forget exactly this invocation's budgets, deployment-wide, in the background: with
+        this workspace's next acquire, or with the leases given back meanwhile (see
+        `give_back`). This process's next acquire sees it forgotten; another process's, one
+        round trip after that."""
+        self._forgets.append(budget_id)
+        self._arm_flush()
         if self._fallback is not None:
             self._fallback.release_budget(budget_id)
 
@@ -393,10 +400,10 @@ class CoordinatedController:
             logger.warning("could not install profile %s in Redis: %s", key, error)
 
     def is_busy(self) -> bool:
-        return bool(self._leases or self._waiting or self._pending)
+        return bool(self._leases or self._waiting or self._pending or self._forgets)
 
     def is_idle(self, now: float) -> bool:
-        return not self._leases and not self._waiting and not self._pending
+        return not self._leases and not self._waiting and not self._pending and not self._forgets
 
     # ---------------------------------------------------------------- preflight
 
@@ -486,6 +493,7 @@ class CoordinatedController:
         request = ticket.request
         stale = 0
         releases = self._take_pending()
+        forgets = self._take_forgets()
         while True:
             deadline = request.deadline_ms
             if deadline is not None:
@@ -509,12 +517,15 @@ class CoordinatedController:
                     # Guarded calls send a new id; a requeue repeats one (Redis deduplicates).
                     guarded,
                     tuple(release for release, _ in releases),
+                    tuple(forgets),
                 ),
                 releases,
+                forgets,
             )
             if releases:
                 self._released(releases, result.released)
                 releases = []
+            forgets = []
             status = result.status
             if status in (ADMIT, QUEUED_STATUS):
                 self._coordinator.note_registered(self.workspace_id)
@@ -562,18 +573,20 @@ class CoordinatedController:
         guarded: bool,
         acquire: Acquire,
         releases: list[tuple[Release, CoordinatedLease]],
+        forgets: Sequence[str],
     ) -> Decision:
         """A call that may admit or queue: if the caller is cancelled (or the call times out)
         while it is in flight, whatever it took is handed back once Redis answers, and the
-        leases it carried are given back again (a lease already back is "gone")."""
+        leases and invocations it carried are sent again (a lease already back is "gone", an
+        invocation forgotten twice is forgotten)."""
         try:
             return await self._coordinator.call(self.workspace_id, acquire)
         except asyncio.CancelledError:
-            self._resend(releases)
+            self._resend(releases, forgets)
             self._coordinator.background(self._withdraw_eventually(waiter_id, "cancelled"))
             raise
         except CoordinationUnavailable:
-            self._resend(releases)
+            self._resend(releases, forgets)
             if guarded:
                 # It may have run, or may still run (a stalled Redis runs what it was sent
                 # when it resumes): withdraw it once Redis answers; a late copy takes nothing.
@@ -912,6 +925,9 @@ class CoordinatedController:
             lease.provider_id,
         )
         self._pending.append((release, lease))
+        self._arm_flush()
+
+    def _arm_flush(self) -> None:
         if self._flush_armed:
             return
         try:
@@ -930,22 +946,33 @@ class CoordinatedController:
             self._pending = []
         return pending
 
-    def flush_releases(self) -> None:
-        """Send the leases given back and not sent yet, in one call (in the background)."""
-        self._flush_armed = False
-        self._resend(self._take_pending())
+    def _take_forgets(self) -> list[str]:
+        forgets = self._forgets
+        if forgets:
+            self._forgets = []
+        return forgets
 
-    def _resend(self, items: list[tuple[Release, CoordinatedLease]]) -> None:
-        if not items:
+    def flush_releases(self) -> None:
+        """Send the leases given back and the invocations forgotten and not sent yet, in one
+        call (in the background)."""
+        self._flush_armed = False
+        self._resend(self._take_pending(), self._take_forgets())
+
+    def _resend(
+        self, items: list[tuple[Release, CoordinatedLease]], forgets: Sequence[str] = ()
+    ) -> None:
+        if not items and not forgets:
             return
-        task = self._coordinator.background(self._write_releases(items))
+        task = self._coordinator.background(self._write_releases(items, forgets))
         if task is not None:
             self._writes.add(task)
             task.add_done_callback(self._writes.discard)
 
-    async def _write_releases(self, items: list[tuple[Release, CoordinatedLease]]) -> None:
+    async def _write_releases(
+        self, items: list[tuple[Release, CoordinatedLease]], forgets: Sequence[str]
+    ) -> None:
         """Releases must land, however long Redis is away (see `RedisCoordinator.write`)."""
-        batch = ReleaseBatch(tuple(release for release, _ in items))
+        batch = ReleaseBatch(tuple(release for release, _ in items), tuple(forgets))
         result = await self._coordinator.write(self.workspace_id, batch)
         if result is not None:
             self._released(items, result)
@@ -958,14 +985,11 @@ class CoordinatedController:
             if transitions:
                 lease.evidence.breaker_transitions.extend(transitions)
 
-    async def _write(self, call: Pause | ForgetBudget) -> None:
+    async def _write(self, call: Pause) -> None:
         """A write that must land, however long Redis is away (see `RedisCoordinator.write`)."""
         result = await self._coordinator.write(self.workspace_id, call)
         if result is not None:
             self._note_transitions(result.figures.transitions)
-
-    async def _forget_budget(self, budget_id: str) -> None:
-        await self._write(ForgetBudget(budget_id))
 
     async def _pause(self, provider_id: str, ms: float) -> None:
         await self._write(Pause(provider_id, ms))

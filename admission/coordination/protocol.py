@@ -33,7 +33,6 @@ __all__ = [
     "CoordinationUnavailable",
     "Decision",
     "Figures",
-    "ForgetBudget",
     "Header",
     "Heartbeat",
     "HeartbeatResult",
@@ -381,6 +380,9 @@ class Acquire(Call[Decision]):
     # Redis need not look (a repeat after a lost answer or a requeue sends False).
     fresh: bool = False
     releases: tuple[Release, ...] = ()
+    # Invocations the caller is done with (budget ids): forgotten after the leases go back and
+    # before the decision (see `ReleaseBatch`).
+    forgets: tuple[str, ...] = ()
 
     def pack(self) -> list[Any]:
         packed = [
@@ -400,6 +402,9 @@ class Acquire(Call[Decision]):
         ]
         for release in self.releases:
             packed.extend(release.pack())
+        if self.forgets:
+            packed.append(len(self.forgets))
+            packed.extend(self.forgets)
         return packed
 
     def parse(self, raw: dict[str, Any]) -> Decision:
@@ -442,15 +447,21 @@ class Release:
 
 @dataclass(frozen=True, slots=True)
 class ReleaseBatch(Call[tuple[Written, ...]]):
-    """Give leases back in one call; one answer per lease, in their order."""
+    """Give leases back in one call, one answer per lease in their order; then forget the
+    invocations the caller is done with (their budgets and first-admission marks: what
+    `release_budget` asks for). Both are safe to repeat."""
 
     entry: ClassVar[str] = "release"
     releases: tuple[Release, ...]
+    forgets: tuple[str, ...] = ()
 
     def pack(self) -> list[Any]:
         packed: list[Any] = [len(self.releases)]
         for release in self.releases:
             packed.extend(release.pack())
+        if self.forgets:
+            packed.append(len(self.forgets))
+            packed.extend(self.forgets)
         return packed
 
     def parse(self, raw: dict[str, Any]) -> tuple[Written, ...]:
@@ -497,20 +508,6 @@ class Pause(Call[Written]):
 
     def pack(self) -> list[Any]:
         return [self.provider_id, repr(float(self.ms))]
-
-    def parse(self, raw: dict[str, Any]) -> Written:
-        return Written.parse(raw)
-
-
-@dataclass(frozen=True, slots=True)
-class ForgetBudget(Call[Written]):
-    """Forget one invocation's budgets and repeat counts."""
-
-    entry: ClassVar[str] = "forget_budget"
-    budget_id: str
-
-    def pack(self) -> list[Any]:
-        return [self.budget_id]
 
     def parse(self, raw: dict[str, Any]) -> Written:
         return Written.parse(raw)

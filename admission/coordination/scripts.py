@@ -16,7 +16,6 @@ LUA_DIR = Path(__file__).resolve().parent / "lua"
 
 ENTRIES = (
     "acquire",
-    "forget_budget",
     "heartbeat",
     "install",
     "pause",

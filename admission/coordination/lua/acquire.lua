@@ -2,7 +2,8 @@
 -- budget id, tokens, cost, attempts, dwell limit (ms), deadline (ms from now), '1' when the
 -- caller has this workspace registered for its process already, '1' when this is the first time
 -- the caller sends this request id, then the number of leases the caller gives back first and
--- their arguments (four each, as release_many reads them).
+-- their arguments (four each, as release_many reads them), then, when the caller is done with
+-- invocations, their number and their budget ids (forgotten after the leases go back).
 --
 -- The common case (capacity free, nobody queued) reads the epoch, the profile's three limit
 -- fields and the four scope fields, and writes the scope fields, the lease and the invocation's
@@ -21,6 +22,7 @@ if nrel > 0 then
   released = release_many(17, nrel, fields, {key_p(pid), key_v(prov), key_x(prov, pid)})
   if needs_pump() then pump() end
 end
+forget_budgets(BASE, 17 + 4 * nrel)
 -- Answers not counted by the caller (nothing was decided for the first time) carry nc.
 ACQ_EPOCH, ACQ_RELEASED = epoch, released
 if NOW < ready then return answer({st = 'recovering', wait = ready - NOW}) end

@@ -1542,6 +1542,23 @@ local function reclaim_in_ws(dead)
   end
 end
 
+-- Forgets the invocations named from ARGV[at] on (their number, then their budget ids; nothing
+-- when the call names none): their budgets and first-admission marks go, in one delete. `base`
+-- is the workspace's key prefix.
+local function forget_budgets(base, at)
+  local text = ARGV[at]
+  if text == nil then return end
+  local n = SHORT_NUM[text] or stored_num(text)
+  if n == nil or n < 1 then return end
+  local keys = {}
+  for i = 1, n do
+    local bud = ARGV[at + i]
+    if bud == nil then error('malformed arguments: fewer budget ids than counted') end
+    keys[2 * i - 1], keys[2 * i] = base .. 'b:' .. bud, base .. 'r:' .. bud
+  end
+  redis.call('DEL', unpack(keys))
+end
+
 -- Reap processes whose lease in this workspace lapsed (a few per call): what they held here goes
 -- back, their waiters leave, and the lanes are served again. Returns how many were reaped.
 local function reap()
@@ -1870,6 +1887,10 @@ local function common_acquire()
     vk = refilled(vtl, vtt, vtps, vtps / 1000)
     if vk < need - EPS then return nil end
   end
+  -- Invocations the caller is done with are forgotten first (the request's own among them, it
+  -- is a first admission again).
+  local forgets = 17 + 4 * nrel
+  if ARGV[forgets] ~= nil then forget_budgets(k[1], forgets) end
   -- Admitted, if this is the invocation's first admission: a repeat, or a second provider, goes
   -- the general way (the mark is written only where there was none).
   if not redis.call('SET', k[1] .. 'r:' .. ARGV[8], NAMES_R[prov] or key_r(prov), 'NX', 'PX',

@@ -244,6 +244,44 @@ def test_a_second_admission_of_an_invocation_on_a_provider_is_retry_pressure(
     run(deployment, scenario)
 
 
+def test_a_finished_invocation_is_forgotten_with_the_next_call(deployment: Deployment) -> None:
+    """`release_budget` costs no call of its own: the invocation's budgets and mark go with the
+    workspace's next acquire (before it is decided, so the same process never sees them), or
+    with the next batch of leases given back; another process sees them gone after that."""
+    procs = [deployment.process() for _ in range(2)]
+    deployment.register(profile(principals={"alice": {"concurrency": 9, "maxAttempts": 1}}))
+    budgets = [deployment.key(f"{kind}:inv-{n}") for n in (1, 2) for kind in ("b", "r")]
+
+    async def scenario() -> None:
+        first = await procs[0].controller().acquire(request(budget="inv-1"))
+        first.release(success=True)
+        await settle(deployment)
+        assert deployment.client.exists(*budgets[:2]) == 2
+        trips = dict(procs[0].coordinator.round_trips)
+        procs[0].controller().release_budget("inv-1")
+        # The same invocation at once, from the same process: forgotten first, so its one
+        # attempt is there again, and it is a first admission (no retry pressure).
+        again = await procs[0].controller().acquire(request(budget="inv-1"))
+        assert again.evidence.retry_pressure == 0
+        assert procs[0].coordinator.round_trips["acquire"] == trips["acquire"] + 1
+        assert procs[0].coordinator.round_trips.get("release", 0) == trips.get("release", 0)
+        # Without an acquire to take them along, a forget travels with the leases given back.
+        again.release(success=True)
+        procs[0].controller().release_budget("inv-1")
+        second = await procs[1].controller().acquire(request(budget="inv-2"))
+        second.release(success=True)
+        procs[1].controller().release_budget("inv-2")
+        await settle(deployment)
+        assert deployment.client.exists(*budgets) == 0
+        assert procs[0].coordinator.round_trips["release"] == trips.get("release", 0) + 1
+        assert deployment.client.llen(deployment.key("pr:llm")) == 0
+        # The other process finds the invocation's attempt budget whole again.
+        third = await procs[1].controller().acquire(request(budget="inv-1"))
+        third.release(success=True)
+
+    run(deployment, scenario)
+
+
 def test_request_bucket_defers_and_queue_timeout_refuses(deployment: Deployment) -> None:
     procs = [deployment.process() for _ in range(2)]
     deployment.register(

@@ -152,6 +152,8 @@ steps = st.lists(
             max_size=3,
         ),
         st.booleans(),
+        # Invocations the caller is done with, forgotten in the same call.
+        st.lists(st.sampled_from(["inv-1", "inv-2"]), max_size=2),
     ),
     min_size=1,
     max_size=16,
@@ -180,7 +182,8 @@ def test_the_common_path_answers_and_writes_what_the_general_path_would(
             assert answer["st"] == "installed", answer
         held: list[str] = []
         pairs: dict[str, tuple[str, str]] = {}
-        for index, (principal, provider, tokens, budget, giving, registered) in enumerate(sequence):
+        for index, step in enumerate(sequence):
+            principal, provider, tokens, budget, giving, registered, forgets = step
             releases = []
             for pick, (success, retry_after, actual), hint in giving:
                 if held:
@@ -205,6 +208,7 @@ def test_the_common_path_answers_and_writes_what_the_general_path_would(
                 registered,
                 True,
                 tuple(releases),
+                tuple(forgets),
             )
             answers = [side.call(side.function, call.pack()) for side in sides]
             assert comparable(answers[0]) == comparable(answers[1]), (index, answers)
@@ -250,6 +254,7 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
         principal: str = "alice",
         budget: str = "",
         fresh: bool = True,
+        forgets: tuple[str, ...] = (),
     ) -> str:
         call = Acquire(
             "probe-v1",
@@ -265,6 +270,7 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
             True,
             fresh,
             releases,
+            forgets,
         )
         return str(side.call(side.function, call.pack())["st"])
 
@@ -279,6 +285,11 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
             "common"
         )
         assert acquire("r3b", Release("r3a", True, principal_id="bob", provider_id="llm")) == (
+            "common"
+        )
+        # Forgotten in the same call, before it is decided: a first admission again (a mark
+        # left in place would send it the general way, as a repeat).
+        assert acquire("r3c", Release("r3b", True), budget="shared", forgets=("shared",)) == (
             "common"
         )
         # Sent again after a lost answer: the general path looks for what the first copy took.
