@@ -37,7 +37,8 @@
 --   P:{ws}:b:<budget>        hash  invocation budgets per scope
 --   P:{ws}:r:<budget>        string the providers an invocation was admitted on (each as
 --                                  <length>:<id>), so a second admission there is a repeat;
---                                  lives BUDGET_TTL from the invocation's first admission
+--                                  lives BUDGET_TTL from the invocation's first admission, or
+--                                  until the invocation is forgotten (release_budget)
 --   P:{ws}:pr:<provider>     list  retry-pressure events (server ms), 60 s window
 --   P:{ws}:off               zset  lease id -> time its grant lapses if not taken (server ms)
 --   P:{ws}:t:<id>            string a withdrawn request id (a late acquire of it is refused)
