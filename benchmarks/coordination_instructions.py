@@ -1,6 +1,7 @@
 """The Redis server's own work per decision, counted in instructions, against the same anchors.
 
     python benchmarks/coordination_instructions.py [--seconds 3] [--callers 8] [--budgets]
+        [--forget]
 
 Redis time per call (INFO commandstats) is wall time on the server: on a shared machine it grows
 with the load average, whenever Redis waits for a core. This benchmark counts what does not:
@@ -9,7 +10,9 @@ three kinds as `coordination.py --anchors` (a no-op FCALL, a hit of `limits`' sl
 counter, a Sluice decision: acquire, then release), each from one caller at a time with the same
 redis-py asyncio client. `--callers N` makes the decisions with N callers in one process (their
 releases then ride together on the next acquire, often of another principal's); `--budgets`
-gives every principal an invocation budget (such decisions go the general way). It starts its
+gives every principal an invocation budget (such decisions go the general way); `--forget` makes
+each decision an invocation of its own, forgotten after it (`release_budget`), as the evaluation
+engine does, and prints the instructions per decision as well as per call. It starts its
 own `redis-server` under `valgrind --tool=callgrind` on a free loopback port (about 50 times
 slower than natively: the figures are counts, not speeds) and stops it at the end. Needs
 `valgrind` (with `callgrind_control`) and `redis-server` on the PATH. Asserts nothing.
@@ -62,14 +65,22 @@ def counted_instructions(folder: Path, pid: int) -> int:
 
 
 def run(
-    kind: str, url: str, prefix: str, seconds: float, callers: int = 1, budgets: bool = False
-) -> None:
+    kind: str,
+    url: str,
+    prefix: str,
+    seconds: float,
+    callers: int = 1,
+    budgets: bool = False,
+    forget: bool = False,
+) -> int:
+    """Runs one kind for `seconds`; returns how many hits or decisions it made."""
     if kind == "sluice":
-        one_process(url, prefix, seconds, callers, budgets=budgets)
+        result = one_process(url, prefix, seconds, callers, budgets=budgets, forget=forget)
     elif kind == "limits":
-        asyncio.run(limits_loop(url, seconds, 1))
+        result = asyncio.run(limits_loop(url, seconds, 1))
     else:
-        asyncio.run(noop_loop(url, seconds, 1))
+        result = asyncio.run(noop_loop(url, seconds, 1))
+    return int(result["decisions"])
 
 
 def main() -> None:
@@ -78,6 +89,9 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=1, help="Sluice's callers in one process")
     parser.add_argument(
         "--budgets", action="store_true", help="every principal keeps an invocation budget"
+    )
+    parser.add_argument(
+        "--forget", action="store_true", help="each decision's invocation is forgotten after it"
     )
     args = parser.parse_args()
     for tool in ("valgrind", "callgrind_control", "redis-server"):
@@ -107,18 +121,29 @@ def main() -> None:
             rows = {}
             for kind in ("noop", "limits", "sluice"):
                 # Warm: library loaded, profile in.
-                run(kind, url, prefix, min(1.0, args.seconds), args.callers, args.budgets)
+                run(
+                    kind,
+                    url,
+                    prefix,
+                    min(1.0, args.seconds),
+                    args.callers,
+                    args.budgets,
+                    args.forget,
+                )
                 subprocess.run(
                     ["callgrind_control", "-z", str(server.pid)], check=True, capture_output=True
                 )
                 before = command_usec(client)
-                run(kind, url, prefix, args.seconds, args.callers, args.budgets)
+                made = run(kind, url, prefix, args.seconds, args.callers, args.budgets, args.forget)
                 after = command_usec(client)
                 instructions = counted_instructions(folder, server.pid)
                 ops = script_calls_between(before, after)
                 # The statistics' own commands (INFO) are counted too; they are few and alike.
                 rows[kind] = instructions / max(1, ops)
-                print(f"{kind:8} {ops:7d} calls  {rows[kind]:12,.0f} instructions per call")
+                line = f"{kind:8} {ops:7d} calls  {rows[kind]:12,.0f} instructions per call"
+                if kind == "sluice" and args.forget:
+                    line += f"; {made} decisions, {instructions / max(1, made):,.0f} per decision"
+                print(line)
             print(
                 f"decision / limits hit: {rows['sluice'] / rows['limits']:.2f}x; "
                 f"decision / no-op FCALL: {rows['sluice'] / rows['noop']:.2f}x"
