@@ -142,9 +142,10 @@ def test_workers_45_s_ahead_and_behind_are_judged_by_the_database_clock(deployme
             "UPDATE evaluator_workerprocess SET hostname = 'another-host' WHERE id = %s",
             [ahead_id],
         )
-        orphans = held_by_ahead()
         ahead.kill_group(signal.SIGKILL)
         killed = time.monotonic()
+        # What it held when it died (read after the kill: until then it may claim another).
+        orphans = held_by_ahead()
 
         def taken_back() -> bool:
             rows = _sql(

@@ -698,6 +698,42 @@ def test_fail_closed_refuses_while_redis_is_down_and_resumes(
     run(deployment, scenario)
 
 
+def test_a_forget_carried_by_an_acquire_that_fails_still_lands(
+    private_redis: PrivateRedis,
+) -> None:
+    """The end of an invocation rides on the next acquire; when Redis holds that acquire back
+    until it times out (`coordination-unavailable`) and then drops it, the forget is sent again
+    with the release calls, retried until Redis answers: the invocation's budgets and mark go
+    all the same."""
+    deployment = Deployment(private_redis.url)
+    process = deployment.process(
+        register=profile(principals={"alice": {"concurrency": 9, "maxAttempts": 1}}),
+        timeout_ms=300,
+    )
+
+    async def scenario() -> None:
+        done = await process.controller().acquire(request(budget="done"))
+        done.release(success=True)
+        await settle(deployment)
+        assert deployment.client.exists(deployment.key("b:done")) == 1
+        assert deployment.client.exists(deployment.key("r:done")) == 1
+        process.controller().release_budget("done")
+        # Writes wait (a function that writes among them) and reads go on; a call whose caller
+        # gave up on it is never run.
+        deployment.client.execute_command("CLIENT", "PAUSE", "1500", "WRITE")
+        with pytest.raises(AdmissionRejected) as refused:
+            await process.controller().acquire(request(budget="during"))
+        assert refused.value.reason == "coordination-unavailable"
+        assert deployment.client.exists(deployment.key("b:done")) == 1
+        await until(lambda: deployment.client.exists(deployment.key("b:done")) == 0)
+        assert deployment.client.exists(deployment.key("r:done")) == 0
+        # Its one attempt is whole again.
+        again = await process.controller().acquire(request(budget="done"))
+        again.release(success=True)
+
+    run(deployment, scenario)
+
+
 def test_closing_never_waits_on_a_write_forever(deployment: Deployment) -> None:
     process = deployment.process(register=profile(), timeout_ms=200)
 
