@@ -517,7 +517,7 @@ class CoordinatedController:
                     # Guarded calls send a new id; a requeue repeats one (Redis deduplicates).
                     guarded,
                     tuple(release for release, _ in releases),
-                    tuple(forgets),
+                    forgets,
                 ),
                 releases,
                 forgets,
@@ -525,7 +525,7 @@ class CoordinatedController:
             if releases:
                 self._released(releases, result.released)
                 releases = []
-            forgets = []
+            forgets = ()
             status = result.status
             if status in (ADMIT, QUEUED_STATUS):
                 self._coordinator.note_registered(self.workspace_id)
@@ -946,10 +946,11 @@ class CoordinatedController:
             self._pending = []
         return pending
 
-    def _take_forgets(self) -> list[str]:
-        forgets = self._forgets
-        if forgets:
-            self._forgets = []
+    def _take_forgets(self) -> tuple[str, ...]:
+        if not self._forgets:
+            return ()
+        forgets = tuple(self._forgets)
+        self._forgets = []
         return forgets
 
     def flush_releases(self) -> None:
