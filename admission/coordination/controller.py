@@ -18,7 +18,6 @@ import math
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from admission.coordination.protocol import (
@@ -573,7 +572,7 @@ class CoordinatedController:
         guarded: bool,
         acquire: Acquire,
         releases: list[tuple[Release, CoordinatedLease]],
-        forgets: Sequence[str],
+        forgets: tuple[str, ...],
     ) -> Decision:
         """A call that may admit or queue: if the caller is cancelled (or the call times out)
         while it is in flight, whatever it took is handed back once Redis answers, and the
@@ -941,9 +940,12 @@ class CoordinatedController:
         loop.call_soon(loop.call_soon, self.flush_releases)
 
     def _take_pending(self) -> list[tuple[Release, CoordinatedLease]]:
+        """The leases given back and not sent yet, taken whole: never the live list, to which a
+        lease given back while the call that carries these is in flight would be added."""
+        if not self._pending:
+            return []
         pending = self._pending
-        if pending:
-            self._pending = []
+        self._pending = []
         return pending
 
     def _take_forgets(self) -> tuple[str, ...]:
@@ -960,7 +962,7 @@ class CoordinatedController:
         self._resend(self._take_pending(), self._take_forgets())
 
     def _resend(
-        self, items: list[tuple[Release, CoordinatedLease]], forgets: Sequence[str] = ()
+        self, items: list[tuple[Release, CoordinatedLease]], forgets: tuple[str, ...]
     ) -> None:
         if not items and not forgets:
             return
@@ -970,10 +972,10 @@ class CoordinatedController:
             task.add_done_callback(self._writes.discard)
 
     async def _write_releases(
-        self, items: list[tuple[Release, CoordinatedLease]], forgets: Sequence[str]
+        self, items: list[tuple[Release, CoordinatedLease]], forgets: tuple[str, ...]
     ) -> None:
         """Releases must land, however long Redis is away (see `RedisCoordinator.write`)."""
-        batch = ReleaseBatch(tuple(release for release, _ in items), tuple(forgets))
+        batch = ReleaseBatch(tuple(release for release, _ in items), forgets)
         result = await self._coordinator.write(self.workspace_id, batch)
         if result is not None:
             self._released(items, result)

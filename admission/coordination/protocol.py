@@ -357,6 +357,14 @@ class Call(Generic[R]):
         return self
 
 
+def _pack_forgets(packed: list[Any], forgets: tuple[str, ...]) -> None:
+    """Appends the invocations a call forgets (their number, then their budget ids), only when
+    there are some: a call that forgets nothing sends nothing for them."""
+    if forgets:
+        packed.append(len(forgets))
+        packed.extend(forgets)
+
+
 @dataclass(frozen=True, slots=True)
 class Acquire(Call[Decision]):
     """Admit now, queue fairly, or refuse one request; leases this process gave back meanwhile
@@ -402,9 +410,7 @@ class Acquire(Call[Decision]):
         ]
         for release in self.releases:
             packed.extend(release.pack())
-        if self.forgets:
-            packed.append(len(self.forgets))
-            packed.extend(self.forgets)
+        _pack_forgets(packed, self.forgets)
         return packed
 
     def parse(self, raw: dict[str, Any]) -> Decision:
@@ -459,9 +465,7 @@ class ReleaseBatch(Call[tuple[Written, ...]]):
         packed: list[Any] = [len(self.releases)]
         for release in self.releases:
             packed.extend(release.pack())
-        if self.forgets:
-            packed.append(len(self.forgets))
-            packed.extend(self.forgets)
+        _pack_forgets(packed, self.forgets)
         return packed
 
     def parse(self, raw: dict[str, Any]) -> tuple[Written, ...]:
