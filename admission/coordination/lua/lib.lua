@@ -85,6 +85,8 @@ local LIM, SC, BUD, ALIVE, RESULT_TRANSITIONS
 local REV
 -- NOW as stored (formatted once per call), and NOW in whole microseconds.
 local NOW_TEXT, NOW_US
+-- The whole seconds of NOW, as TIME gave them.
+local NOW_S
 
 -- A scope's state is one field of the workspace's state hash (P:{ws}:s), its value the fields
 -- below in this order, comma-separated, '' for a field at its default, trailing defaults left
@@ -106,12 +108,26 @@ local INT_TEXT = {}
 local SHORT_NUM, SHORT_NUM_COUNT = {}, 0
 local WHOLE_TEXT, WHOLE_TEXT_COUNT = {}, 0
 
+-- Three-digit texts '000' to '999', made on the first call that needs them.
+local PAD3 = nil
+
 -- NOW as stored: whole milliseconds, or three decimals (the microseconds), which read back as
--- NOW exactly (NOW is within far less than half a thousandth of that decimal).
+-- NOW exactly (NOW is within far less than half a thousandth of that decimal). Put together
+-- from the seconds as TIME gave them (NOW_S) and the digits after them, with no formatting.
 local function now_text()
   local micro = NOW_US % 1000
-  if micro == 0 then return string.format('%d', NOW) end
-  return string.format('%d.%03d', (NOW_US - micro) / 1000, micro)
+  if NOW_US < 1e6 then
+    -- (Within the first second the seconds' '0' would lead the digits.)
+    if micro == 0 then return string.format('%d', NOW) end
+    return string.format('%d.%03d', (NOW_US - micro) / 1000, micro)
+  end
+  if PAD3 == nil then
+    PAD3 = {}
+    for i = 0, 999 do PAD3[i] = string.format('%03d', i) end
+  end
+  local ms = PAD3[(NOW_US % 1000000 - micro) / 1000]
+  if micro == 0 then return NOW_S .. ms end
+  return NOW_S .. ms .. '.' .. PAD3[micro]
 end
 
 local function num(v)
@@ -417,6 +433,7 @@ local function begin(args)
   -- microseconds, so NOW is the value of that decimal text exactly (see now_text).
   local t = redis.call('TIME')
   NOW_US = t[1] * 1000000 + t[2]
+  NOW_S = t[1]
   NOW = NOW_US / 1000
   PROCS = nil
   REGISTERED = false
@@ -1033,17 +1050,29 @@ local function outcome(text)
   return success, tonumber(retry_after), tonumber(actual_tokens), tonumber(actual_cost)
 end
 
--- A lease as JSON (what cjson.encode writes, put together directly).
+-- A lease as JSON (what cjson.encode writes, put together directly), in one concatenation: a
+-- lease is written with every admission, and each `..` apart copies the text made so far.
 local function lease_text(proc, pid, prov, bud, gen, probe, at, tok, cost, bk, off)
-  local out = '{"proc":' .. (JSON_TEXTS[proc] or json_text(proc)) .. ',"pid":'
-    .. (JSON_TEXTS[pid] or json_text(pid)) .. ',"prov":' .. (JSON_TEXTS[prov] or json_text(prov))
-    .. ',"bud":' .. json_string(bud) .. ',"gen":' .. (INT_TEXT[gen] or num(gen))
-    .. ',"probe":' .. (INT_TEXT[probe] or num(probe)) .. ',"at":' .. num(at)
-  if tok ~= nil then out = out .. ',"tok":' .. (INT_TEXT[tok] or num(tok)) end
-  if cost ~= nil then out = out .. ',"cost":' .. num(cost) end
-  if bk ~= nil then out = out .. ',"bk":' .. num(bk) end
-  if off ~= nil then out = out .. ',"off":' .. num(off) end
-  return out .. '}'
+  local tail = '}'
+  if cost ~= nil or bk ~= nil or off ~= nil then
+    tail = ''
+    if cost ~= nil then tail = ',"cost":' .. num(cost) end
+    if bk ~= nil then tail = tail .. ',"bk":' .. num(bk) end
+    if off ~= nil then tail = tail .. ',"off":' .. num(off) end
+    tail = tail .. '}'
+  end
+  if tok == nil then
+    return '{"proc":' .. (JSON_TEXTS[proc] or json_text(proc)) .. ',"pid":'
+      .. (JSON_TEXTS[pid] or json_text(pid)) .. ',"prov":'
+      .. (JSON_TEXTS[prov] or json_text(prov)) .. ',"bud":' .. cjson.encode(bud) .. ',"gen":'
+      .. (INT_TEXT[gen] or num(gen)) .. ',"probe":' .. (INT_TEXT[probe] or num(probe))
+      .. ',"at":' .. num(at) .. tail
+  end
+  return '{"proc":' .. (JSON_TEXTS[proc] or json_text(proc)) .. ',"pid":'
+    .. (JSON_TEXTS[pid] or json_text(pid)) .. ',"prov":'
+    .. (JSON_TEXTS[prov] or json_text(prov)) .. ',"bud":' .. cjson.encode(bud) .. ',"gen":'
+    .. (INT_TEXT[gen] or num(gen)) .. ',"probe":' .. (INT_TEXT[probe] or num(probe))
+    .. ',"at":' .. num(at) .. ',"tok":' .. (INT_TEXT[tok] or num(tok)) .. tail
 end
 
 local function lease_json(l)
@@ -1551,9 +1580,15 @@ local function forget_budgets(base, at)
   if text == nil then return end
   local n = SHORT_NUM[text] or stored_num(text)
   if n == nil or n < 1 then return end
+  local bud = ARGV[at + 1]
+  if n == 1 and bud ~= nil then
+    -- (One invocation, the engine's usual case: no table to build.)
+    redis.call('DEL', base .. 'b:' .. bud, base .. 'r:' .. bud)
+    return
+  end
   local keys = {}
   for i = 1, n do
-    local bud = ARGV[at + i]
+    bud = ARGV[at + i]
     if bud == nil then error('malformed arguments: fewer budget ids than counted') end
     keys[2 * i - 1], keys[2 * i] = base .. 'b:' .. bud, base .. 'r:' .. bud
   end
@@ -1916,7 +1951,8 @@ local function common_acquire()
   end
   -- The lease, and the scopes that changed, in one write; the leases given back, and scopes
   -- back at their defaults, in one delete.
-  local set, del = {lease_field(ARGV[5]), text}, nil
+  -- (Room for the four scopes from the start: a table that grows is rebuilt each time.)
+  local set, del = {lease_field(ARGV[5]), text, nil, nil, nil, nil, nil, nil, nil, nil}, nil
   if names ~= nil then
     del = {}
     for i = 1, nrel do del[i] = names[4 + i] end
