@@ -18,7 +18,9 @@ counter (its Redis strategy, on redis-py's asyncio client), and a whole Sluice d
 after it as the evaluation engine does): acquire p50 with one caller, Redis time per hit or
 decision (INFO commandstats), and hits or decisions per second with 1 process x 8 callers and
 4 processes x 8 callers; function or script calls and the `redis.call`s inside them per hit or
-decision, Sluice's round trips per decision, and the four ratios against their targets.
+decision, Sluice's round trips per decision, and the four ratios against their targets; and a
+function that makes the same Redis calls with the same arguments as a decision whose invocation is
+forgotten, and decides nothing (FLOOR_LIBRARY): what Redis time the calls alone take.
 `--cluster` measures on a Redis Cluster (one it starts on loopback unless `--redis` names one):
 nodes touched per decision, and decisions per second with the load on one shard and spread over
 three (see coordination_cluster.py). Asserts nothing.
@@ -222,6 +224,75 @@ redis.register_function('sluice_bench_noop', function(keys, args) return 1 end)
 """
 
 
+# What a decision whose invocation is then forgotten asks of Redis on the common path (one lease
+# given back and one invocation forgotten with the acquire), with arguments like a decision's and
+# no decision at all: the time, the profile's five fields, the request's four scopes and the
+# lease given back, the forget, the first-admission mark, the new lease and two scopes, and the
+# lease given back deleted. What a decision costs beyond this is its own work.
+FLOOR_LIBRARY = """#!lua name=sluice_bench_floor
+redis.register_function('sluice_bench_floor', function(keys, a)
+  local t = redis.call('TIME')
+  local base = keys[1]
+  local pid, prov = a[6], a[7]
+  local prof = redis.call('HMGET', base .. 'prof', 'e:id', 'e:ready', 'e:wait', 'rev', 'dg')
+  redis.call('HMGET', base .. 's', 'W', 'P:' .. pid, 'V:' .. prov, 'X:' .. prov .. pid,
+    'L' .. a[17])
+  redis.call('DEL', base .. 'b:' .. a[22], base .. 'r:' .. a[22])
+  redis.call('SET', base .. 'r:' .. a[8], prov, 'NX', 'PX', '86400000')
+  local lease = '{"proc":"' .. a[5] .. '","pid":"' .. pid .. '","prov":"' .. prov
+    .. '","bud":"' .. a[8] .. '","gen":0,"probe":0,"at":' .. t[1] .. ',"tok":' .. a[9] .. '}'
+  redis.call('HSET', base .. 's', 'L' .. a[5], lease, 'W', '1,,' .. t[2] .. ',' .. t[1],
+    'V:' .. prov, '1,,' .. t[2] .. ',' .. t[1] .. ',' .. t[2] .. ',' .. t[1])
+  redis.call('HDEL', base .. 's', 'L' .. a[17])
+  return '{"st":"admit","a":1,"q":0,"rp":0,"bs":"closed","ep":"' .. prof[1]
+    .. '","rel":[{"st":"released"}]}'
+end)
+"""
+
+
+async def floor_loop(url: str, prefix: str, seconds: float, callers: int) -> dict:
+    """Calls of the floor function (FLOOR_LIBRARY) through the connection Sluice's decisions
+    use, each with a request, budget and lease id of its own."""
+    import redis.asyncio as aioredis
+
+    from admission.coordination.wire import Wire, command
+
+    client = aioredis.Redis.from_url(url)
+    await client.function_load(FLOOR_LIBRARY, replace=True)
+    base = f"{prefix}:{{floor}}:"
+    await client.hset(
+        base + "prof", mapping={"e:id": "epoch-1", "e:ready": "0", "rev": "bench", "dg": "d" * 16}
+    )
+    await client.aclose()
+    link = Wire(url, timeout_s=5.0, connect_timeout_s=5.0)
+    settings = f'["{prefix}",600000,"{uuid.uuid4().hex}",30000,0,86400000]'
+    latencies: list[float] = []
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def caller(index: int) -> None:
+        nonlocal done
+        principal, previous = f"p{index % 8}", "none"
+        while time.perf_counter() < deadline:
+            request = f"floor-{index}-{done}-{uuid.uuid4().hex[:8]}"
+            packed = command(
+                "FCALL", "sluice_bench_floor", 1, base, settings, "bench", "epoch-1", "bench",
+                request, principal, "llm", request, "10", "", "1", "", "", "1", "1", "1",
+                previous, principal, "llm", "1,,8,", "1", previous,
+            )  # fmt: skip
+            started = time.perf_counter()
+            await link.call(packed)
+            latencies.append((time.perf_counter() - started) * 1e6)
+            previous = request
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(i) for i in range(callers)))
+    elapsed = time.perf_counter() - started
+    await link.aclose()
+    return {"decisions": done, "seconds": elapsed, "latencies": latencies}
+
+
 def command_usec(client: redis.Redis) -> dict[str, tuple[int, int]]:
     """Calls and microseconds per command, as Redis counts them."""
     stats = client.info("commandstats")
@@ -306,6 +377,8 @@ def anchor_process(
         result = one_process(url, prefix, seconds, callers, forget=kind == "sluice-forget")
     elif kind == "limits":
         result = asyncio.run(limits_loop(url, seconds, callers))
+    elif kind == "floor":
+        result = asyncio.run(floor_loop(url, prefix, seconds, callers))
     else:
         result = asyncio.run(noop_loop(url, seconds, callers, wire=kind == "noop-wire"))
     # The client's CPU (user and system) for the whole run, setup and teardown included.
@@ -365,11 +438,27 @@ def script_calls_between(before: dict, after: dict) -> int:
 TARGETS = {"p50": 2.0, "redis": 3.0, "one": 0.5, "four": 0.5}
 
 
+def forget_marks(client: redis.Redis, prefix: str) -> None:
+    """Deletes the first-admission marks (`r:<budget>`) under `prefix`."""
+    batch: list[bytes] = []
+    for key in client.scan_iter(f"{prefix}:*:r:*", count=5000):
+        batch.append(key)
+        if len(batch) >= 5000:
+            client.unlink(*batch)
+            batch = []
+    if batch:
+        client.unlink(*batch)
+
+
 def anchors(url: str, seconds: float, callers: int) -> None:
     client = redis.Redis.from_url(url)
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     rows: dict[str, dict[str, float]] = {}
-    for kind in ("noop", "noop-wire", "limits", "sluice", "sluice-forget"):
+    for kind in ("noop", "noop-wire", "limits", "sluice", "sluice-forget", "floor"):
+        # Each kind starts without the first-admission marks an earlier one left (decisions that
+        # are never forgotten leave one per decision, for a day): a larger keyspace slows every
+        # key Redis looks up, and the anchors ran without them.
+        forget_marks(client, prefix)
         alone = run_kind(kind, url, prefix, seconds, 1, 1)
         before = command_usec(client)
         loaded = run_kind(kind, url, prefix, seconds, callers, 1)
@@ -405,6 +494,7 @@ def anchors(url: str, seconds: float, callers: int) -> None:
         "limits": "limits sliding-window counter hit",
         "sluice": "Sluice decision (acquire+release)",
         "sluice-forget": "the same, invocation then forgotten",
+        "floor": "its Redis calls, no decision",
     }
     for kind, row in rows.items():
         print(
@@ -446,6 +536,13 @@ def anchors(url: str, seconds: float, callers: int) -> None:
     print(f"ratio Redis time per decision / per limits hit:  {verdict('redis', False)}")
     print(f"ratio decisions/s / limits hits/s, 1x{callers}:          {verdict('one', True)}")
     print(f"ratio decisions/s / limits hits/s, 4x{callers}:          {verdict('four', True)}")
+    floor = rows["floor"]
+    print(
+        "the same Redis calls and arguments as a forgotten invocation's decision, deciding "
+        f"nothing: {floor['redis_us']:.1f} Redis µs, {floor['redis_us'] / anchor['redis_us']:.2f}x "
+        f"a limits hit; the decision's own work: "
+        f"{forgetting['redis_us'] - floor['redis_us']:.1f} µs"
+    )
     print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
