@@ -21,6 +21,7 @@ token buckets are taken by the probe test below and by the checks.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -310,4 +311,87 @@ def test_the_common_path_takes_the_plain_cases_and_leaves_the_rest() -> None:
         if keys:
             client.delete(*keys)
         client.function_delete(probe)
+        client.close()
+
+
+def redis_time_us(client: redis.Redis) -> int:
+    seconds, micro = client.time()
+    return int(seconds) * 1_000_000 + int(micro)
+
+
+@pytest.mark.parametrize("path", ["common", "general"])
+def test_a_decision_stores_redis_time_to_the_microsecond_and_the_budget_id_as_given(
+    path: str,
+) -> None:
+    """The time a decision stores with a bucket and a lease is Redis's own (TIME) as a decimal
+    of milliseconds with the microseconds as three digits, zeros kept; a budget id with
+    characters JSON escapes is in the lease as the caller gave it. On both paths, which write
+    these texts each in their own way."""
+    client = redis.Redis.from_url(SHARED_REDIS)
+    general = None
+    if path == "common":
+        client.function_load(scripts.library_code(), replace=True)
+        function = scripts.function_name("acquire")
+    else:
+        code, general = library_copy("general", SWITCH, "local common = nil")
+        client.function_load(code, replace=True)
+        client.function_load(scripts.library_code(), replace=True)
+        function = f"{general}_acquire"
+    side = Side(client, function, f"time{uuid.uuid4().hex[:8]}")
+    document = {
+        "profileVersion": "time-v1",
+        "workspace": {"concurrency": 1000, "requestsPerMinute": 6000},
+        "providers": {"llm": {"concurrency": 1000, "tokensPerSecond": 1_000_000}},
+        "principals": {"alice": {"concurrency": 1000}},
+    }
+    profile = Profile.from_dict(document, workspace_id=WORKSPACE)
+    install = Install(profile.profile_version, 1, profile.profile_digest, profile_fields(profile))
+    base = f"{side.prefix}:{{{WORKSPACE}}}:"
+    budgets = ['in"vo/ca\\tion', "plain-budget", "unicodé ✓", "tab\there"]
+    try:
+        assert side.call(scripts.function_name("install"), install.pack())["st"] == "installed"
+        fractions = 0
+        for index in range(40):
+            request_id = f"t{index}"
+            budget = budgets[index % len(budgets)]
+            call = Acquire(
+                "time-v1",
+                request_id,
+                "alice",
+                "llm",
+                budget,
+                10,
+                None,
+                1,
+                None,
+                None,
+                index > 0,
+                True,
+                (),
+                (budget,) if index > 0 else (),
+            )
+            before = redis_time_us(client)
+            answer = side.call(side.function, call.pack())
+            after = redis_time_us(client)
+            assert answer["st"] == "admit", answer
+            stored = client.hget(base + "s", "W")
+            raw_lease = client.hget(base + "s", f"L{request_id}")
+            assert stored is not None and raw_lease is not None
+            assert json.loads(raw_lease)["bud"] == budget
+            at = re.search(r'"at":([^,}]*)', raw_lease.decode())
+            assert at is not None
+            for text in (stored.decode().split(",")[3], at.group(1)):
+                whole, _, fraction = text.partition(".")
+                assert whole.isdigit() and (fraction == "" or len(fraction) == 3), text
+                moment = int(whole) * 1000 + int(fraction or "0")
+                assert before <= moment <= after, (before, text, after)
+                fractions += fraction != ""
+        # Almost every moment has microseconds (one in a thousand has none).
+        assert fractions > 40
+    finally:
+        keys = list(client.scan_iter(match=f"{side.prefix}:*"))
+        if keys:
+            client.delete(*keys)
+        if general is not None:
+            client.function_delete(general)
         client.close()
