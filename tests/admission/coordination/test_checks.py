@@ -556,6 +556,9 @@ def test_idle_state_expires_and_nothing_grows(deployment: Deployment) -> None:
             if suffix in lasting or key.endswith(":procs") or ":pw:" in key:
                 continue
             ttl = client.pttl(key)
+            if ttl == -2:
+                # Expired between the listing and this read (budgets live 300 ms here).
+                continue
             assert 0 < ttl <= 7_200_000, (key, ttl)
         await until(
             lambda: (

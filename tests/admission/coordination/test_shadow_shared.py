@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from admission.coordination import RedisCoordinator
 from admission.core import AdmissionRegistry, Profile, VirtualTimeLoop, merge_tallies
 
-from .conftest import WORKSPACE, Deployment, profile, request, run
+from .conftest import WORKSPACE, Deployment, profile, request, run, until
 
 ARRIVALS = 20
 
@@ -29,13 +30,23 @@ def _profiles() -> tuple[Profile, Profile]:
     return real, tight
 
 
-async def _arrive(registry: AdmissionRegistry, shadow: Any, index: int, hold_s: float) -> str:
+async def _arrive(
+    registry: AdmissionRegistry,
+    shadow: Any,
+    index: int,
+    hold_s: float,
+    hold: Callable[[], Awaitable[None]] | None = None,
+) -> str:
+    """One real request, mirrored to `shadow` if there is one, held `hold_s` (after `hold`
+    returns, when given) and released."""
     controller: Any = registry.controller(WORKSPACE)
     real = request("alice", budget=f"run-{index}/b")
     call = shadow.mirror(real) if shadow is not None else None
     lease = await controller.acquire(real)
     if call is not None:
         call.admitted(lease)
+    if hold is not None:
+        await hold()
     await asyncio.sleep(hold_s)
     lease.release(success=True)
     if call is not None:
@@ -73,9 +84,25 @@ def _shadowed(deployment: Deployment, processes: int) -> tuple[list[str], dict[s
             shared.register(tight, sequence=1)
             deployment.processes.append(dataclasses.replace(host, coordinator=coordinator))
             shadows.append(host.registry.start_shadow(tight, session=1, registry=shared))
+
+        def all_decided() -> bool:
+            return (
+                sum(
+                    shadows[i % processes].tallies(f"run-{i}/b")[1].requests
+                    for i in range(ARRIVALS)
+                )
+                == ARRIVALS
+            )
+
+        async def hold() -> None:
+            # Reality holds its permits until the shadow has decided every copy: a copy holds
+            # its shadow permit as long as reality held the real one, so none goes back before
+            # the last copy is decided, however slowly the shadow's first calls go.
+            await until(all_decided, timeout=30)
+
         decisions = await asyncio.gather(
             *(
-                _arrive(hosts[i % processes].registry, shadows[i % processes], i, 0.3)
+                _arrive(hosts[i % processes].registry, shadows[i % processes], i, 0.3, hold)
                 for i in range(ARRIVALS)
             )
         )
