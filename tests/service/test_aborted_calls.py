@@ -150,11 +150,15 @@ def test_a_call_of_a_run_swept_from_a_frozen_worker_keeps_its_permit_until_its_t
         try:
             second = deployment.submit(_one_decision(60_000, "run B"))["id"]
             # Only B's sweeper can take run A back: A's process is alive, its heartbeat old.
-            wait_for(
-                lambda: f"evaluation {first}: its worker" in sweeper.log(),
-                stale + 15,
-                "worker B's sweeper to take run A back",
-            )
+            try:
+                wait_for(
+                    lambda: f"evaluation {first}: its worker" in sweeper.log(),
+                    stale + 15,
+                    "worker B's sweeper to take run A back",
+                )
+            except AssertionError as missed:
+                # What worker B was doing instead (its sweeps, beats and runs), for the reader.
+                raise AssertionError(f"{missed}\n{sweeper.log()[-6000:]}") from None
             assert "back in the backlog" in sweeper.log()
             resumed = deployment.wait_run(first, timeout=30)
         finally:
