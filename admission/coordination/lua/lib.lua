@@ -1050,8 +1050,9 @@ local function outcome(text)
   return success, tonumber(retry_after), tonumber(actual_tokens), tonumber(actual_cost)
 end
 
--- A lease as JSON (what cjson.encode writes, put together directly), in one concatenation: a
--- lease is written with every admission, and each `..` apart copies the text made so far.
+-- A lease as JSON (what cjson.encode writes, put together directly), in one concatenation of
+-- the long part: a lease is written with every admission, and each `..` apart copies the text
+-- made so far (the optional fields, short, are put together first).
 local function lease_text(proc, pid, prov, bud, gen, probe, at, tok, cost, bk, off)
   local tail = '}'
   if cost ~= nil or bk ~= nil or off ~= nil then
@@ -1061,18 +1062,12 @@ local function lease_text(proc, pid, prov, bud, gen, probe, at, tok, cost, bk, o
     if off ~= nil then tail = tail .. ',"off":' .. num(off) end
     tail = tail .. '}'
   end
-  if tok == nil then
-    return '{"proc":' .. (JSON_TEXTS[proc] or json_text(proc)) .. ',"pid":'
-      .. (JSON_TEXTS[pid] or json_text(pid)) .. ',"prov":'
-      .. (JSON_TEXTS[prov] or json_text(prov)) .. ',"bud":' .. cjson.encode(bud) .. ',"gen":'
-      .. (INT_TEXT[gen] or num(gen)) .. ',"probe":' .. (INT_TEXT[probe] or num(probe))
-      .. ',"at":' .. num(at) .. tail
-  end
+  if tok ~= nil then tail = ',"tok":' .. (INT_TEXT[tok] or num(tok)) .. tail end
   return '{"proc":' .. (JSON_TEXTS[proc] or json_text(proc)) .. ',"pid":'
     .. (JSON_TEXTS[pid] or json_text(pid)) .. ',"prov":'
     .. (JSON_TEXTS[prov] or json_text(prov)) .. ',"bud":' .. cjson.encode(bud) .. ',"gen":'
     .. (INT_TEXT[gen] or num(gen)) .. ',"probe":' .. (INT_TEXT[probe] or num(probe))
-    .. ',"at":' .. num(at) .. ',"tok":' .. (INT_TEXT[tok] or num(tok)) .. tail
+    .. ',"at":' .. num(at) .. tail
 end
 
 local function lease_json(l)
