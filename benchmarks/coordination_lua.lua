@@ -26,6 +26,20 @@ end
 
 local function nargs(...) return select('#', ...) end
 
+-- Removes the named entries from `t` (fields of a hash, members of a set, keys of the store);
+-- returns how many were there.
+local function remove(t, ...)
+  local gone = 0
+  for i = 1, nargs(...) do
+    local name = select(i, ...)
+    if t[name] ~= nil then
+      gone = gone + 1
+      t[name] = nil
+    end
+  end
+  return gone
+end
+
 local C = {}
 function C.TIME()
   clock = clock + 137
@@ -53,17 +67,7 @@ function C.HSET(key, ...)
   end
   return added
 end
-function C.HDEL(key, ...)
-  local v, gone = store[key] or {}, 0
-  for i = 1, nargs(...) do
-    local field = select(i, ...)
-    if v[field] ~= nil then
-      gone = gone + 1
-      v[field] = nil
-    end
-  end
-  return gone
-end
+function C.HDEL(key, ...) return remove(store[key] or {}, ...) end
 function C.HKEYS(key)
   local out = {}
   for field in pairs(store[key] or {}) do out[#out + 1] = field end
@@ -81,17 +85,7 @@ function C.HEXISTS(key, field)
   if store[key] ~= nil and store[key][field] ~= nil then return 1 end
   return 0
 end
-function C.DEL(...)
-  local gone = 0
-  for i = 1, nargs(...) do
-    local key = select(i, ...)
-    if store[key] ~= nil then
-      gone = gone + 1
-      store[key] = nil
-    end
-  end
-  return gone
-end
+function C.DEL(...) return remove(store, ...) end
 function C.EXISTS(key)
   if store[key] ~= nil then return 1 end
   return 0
@@ -125,17 +119,7 @@ function C.ZSCORE(key, member)
   if v == nil or v[member] == nil then return false end
   return tostring(v[member])
 end
-function C.ZREM(key, ...)
-  local v, gone = store[key] or {}, 0
-  for i = 1, nargs(...) do
-    local member = select(i, ...)
-    if v[member] ~= nil then
-      gone = gone + 1
-      v[member] = nil
-    end
-  end
-  return gone
-end
+function C.ZREM(key, ...) return remove(store[key] or {}, ...) end
 function C.ZRANGEBYSCORE(key, _, high)
   local out, top = {}, tonumber(high) or math.huge
   for member, score in pairs(store[key] or {}) do
