@@ -299,7 +299,10 @@ class RedisCoordinator:
             self._start_listener(group)
 
     async def aclose(self) -> None:
-        """Stop the heartbeat and the listener and close the clients (tests, shutdown)."""
+        """Stop the heartbeat and the listener and close the clients (tests, shutdown); closing
+        a closed coordinator does nothing."""
+        if self._closed and self._loop is None:
+            return
         if self._loop is not None and not self._closed:
             # Releases not sent yet go now; decisions counted here are reported (bounded).
             self._flush_releases()
@@ -341,8 +344,12 @@ class RedisCoordinator:
         """Run a coroutine on the process loop, kept referenced until it finishes.
 
         Called from the loop's thread (running or not); before the coordinator ever ran on a
-        loop there is nothing in Redis to act on, and the coroutine is dropped.
+        loop there is nothing in Redis to act on, and after it was closed there is no client to
+        act with: either way the coroutine is dropped (a lease it would have given back lapses).
         """
+        if self._closed and self._loop is None:
+            coroutine.close()
+            return None
         loop: asyncio.AbstractEventLoop | None
         try:
             loop = asyncio.get_running_loop()

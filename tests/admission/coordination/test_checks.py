@@ -752,6 +752,29 @@ def test_closing_never_waits_on_a_write_forever(deployment: Deployment) -> None:
     run(deployment, scenario)
 
 
+def test_a_closed_coordinator_takes_no_more_writes_and_closes_again_on_another_loop(
+    deployment: Deployment,
+) -> None:
+    process = deployment.process(register=profile())
+
+    async def scenario() -> None:
+        (await process.controller().acquire(request())).release(success=True)
+        await process.coordinator.aclose()
+        # A write asked of it afterwards (a lease given back late) has no client to go through:
+        # it is dropped, never left as a task its loop may close over.
+        late = asyncio.Event()
+        assert process.coordinator.background(late.wait()) is None
+
+    run(deployment, scenario)
+
+    async def nothing() -> None:
+        return None
+
+    # `run` closes every coordinator of the deployment again, this time on a loop of its own.
+    run(deployment, nothing)
+    assert process.coordinator.background(asyncio.sleep(0)) is None
+
+
 def test_operators_count_the_live_processes_without_a_loop(deployment: Deployment) -> None:
     processes = [deployment.process(register=profile()) for _ in range(2)]
 
