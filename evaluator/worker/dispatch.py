@@ -10,6 +10,10 @@ function here is one short transaction and safe to call from several worker proc
   On PostgreSQL claims are serialized by a transaction-scoped advisory lock (so the cap holds
   exactly) and rows are taken `FOR UPDATE SKIP LOCKED`; SQLite serializes write transactions
   itself (`transaction_mode=IMMEDIATE`), and every claim is a compare-and-set on `status`.
+  A worker paused inside a claim (SIGSTOP, a frozen VM, a stalled thread) would hold that lock,
+  and with it every other worker's claims, beats and sweeps, for as long as it is paused: the
+  server ends a claim transaction left idle for `CLAIM_IDLE_LIMIT_MS` (its work rolled back,
+  its connection closed; the worker reconnects when it runs again).
 - Each claim sets a fresh `claim` token. Heartbeats, the final write and giving a run back all
   name the token, so a worker whose run was taken back cannot overwrite the next claimant's.
 - `runs_sweep` gives back to the backlog every `running` run whose claimant stopped
@@ -38,6 +42,8 @@ from evaluator.models import EvaluationRun, LoadRun, WorkerProcess
 from evaluator.services import server_clock
 
 __all__ = [
+    "CLAIM_IDLE_LIMIT_MS",
+    "CLAIM_LOCK",
     "HeartbeatTrust",
     "WorkerRefused",
     "claims_serialized",
@@ -58,7 +64,12 @@ logger = logging.getLogger(__name__)
 QUEUED = EvaluationRun.Status.QUEUED
 RUNNING = EvaluationRun.Status.RUNNING
 # pg_advisory_xact_lock key for claims and worker registration ("sluice" in ASCII, truncated).
-_CLAIM_LOCK = 0x736C756963
+CLAIM_LOCK = 0x736C756963
+# A claim transaction is a few statements sent back to back (milliseconds); one idle between two
+# of them for this long belongs to a paused worker, and PostgreSQL ends it. The others'
+# dispatchers wait on the lock meanwhile: a second is short next to the gap in its own beats
+# after which a sweeper stops trusting heartbeats (HeartbeatTrust; 18.75 s by default).
+CLAIM_IDLE_LIMIT_MS = 1000
 
 
 class WorkerRefused(Exception):
@@ -67,10 +78,23 @@ class WorkerRefused(Exception):
 
 def claims_serialized(lock: int) -> None:
     """Serialize the rest of this transaction with every other that asks for `lock`: a
-    transaction-scoped advisory lock on PostgreSQL; SQLite serializes writers itself."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
+    transaction-scoped advisory lock on PostgreSQL; SQLite serializes writers itself.
+
+    A transaction of its own (the worker's claims) is ended by the server if it then idles for
+    `CLAIM_IDLE_LIMIT_MS`; inside a caller's larger transaction the limit would outlive the
+    claim, and the caller's own rules stand.
+    """
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        if connection.savepoint_ids:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [lock])
+        else:
+            cursor.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, true), "
+                "pg_advisory_xact_lock(%s)",
+                [str(CLAIM_IDLE_LIMIT_MS), lock],
+            )
 
 
 def run_take(run: EvaluationRun | LoadRun, worker_id: str, **also: Any) -> bool:
@@ -178,7 +202,7 @@ def worker_register(worker_id: str, *, coordinated: bool, slots: int) -> WorkerP
     """Record this worker process; raises `WorkerRefused` when admission is kept in-process
     (not `coordinated`) on either side and another worker process is alive."""
     with transaction.atomic():
-        claims_serialized(_CLAIM_LOCK)
+        claims_serialized(CLAIM_LOCK)
         now = server_clock.now()
         stale = now - timedelta(seconds=float(settings.SLUICE_RUN_STALE_SECONDS))
         live = [
@@ -222,7 +246,7 @@ def runs_claim(worker_id: str, limit: int) -> list[EvaluationRun]:
     cap = int(settings.SLUICE_WORKSPACE_RUNS_IN_FLIGHT)
     claimed: list[EvaluationRun] = []
     with transaction.atomic():
-        claims_serialized(_CLAIM_LOCK)
+        claims_serialized(CLAIM_LOCK)
         heads: dict[tuple[int, str], Any] = {
             (row["workspace_id"], row["principal_id"]): row["first"]
             for row in EvaluationRun.objects.filter(status=QUEUED)

@@ -5,12 +5,16 @@ database (PostgreSQL in CI)."""
 from __future__ import annotations
 
 import datetime as dt
+import os
+import signal
 import socket
 import subprocess
+import sys
 import uuid
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from admission.models import Workspace
@@ -131,6 +135,68 @@ def test_runs_of_a_worker_process_that_is_gone_on_this_host_go_back_at_once(user
     (run,) = dispatch.runs_claim("dead", 1)
     assert dispatch.runs_sweep(trust_heartbeats=False) == [run.pk]
     assert WorkerProcess.objects.get(pk="dead").stopped_at is not None
+
+
+# A worker process that takes the claim lock the way `runs_claim` does and then waits, inside
+# its claim, for a line on stdin; afterwards it says whether its transaction was still there.
+_CLAIMANT = """
+import os, sys
+import django
+django.setup()
+from django.db import DatabaseError, connection, transaction
+from evaluator.worker import dispatch
+with transaction.atomic():
+    dispatch.claims_serialized(dispatch.CLAIM_LOCK)
+    print("holding", flush=True)
+    sys.stdin.readline()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        print("still holding", flush=True)
+    except DatabaseError as error:
+        print("ended:", error, flush=True)
+    os._exit(0)
+"""
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def test_a_worker_paused_inside_its_claim_holds_up_the_others_claims_only_briefly(user):
+    if connection.vendor != "postgresql":
+        pytest.skip("the claim lock and its idle limit are PostgreSQL's")
+    (workspace,) = _workspaces("paused")
+    (queued,) = _queue(workspace, user, "alice", 1)
+    paused = subprocess.Popen(
+        [sys.executable, "-c", _CLAIMANT],
+        env={**os.environ, "DATABASE_URL": _database_url()},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert paused.stdin is not None and paused.stdout is not None
+    try:
+        assert paused.stdout.readline() == "holding\n"
+        paused.send_signal(signal.SIGSTOP)
+        # Without a bound this claim would wait for the paused worker forever; a failing test
+        # ends after this long instead.
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL statement_timeout = '30s'")
+        claimed = dispatch.runs_claim("w-live", 1)
+        assert [run.pk for run in claimed] == [queued.pk]
+        paused.send_signal(signal.SIGCONT)
+        paused.stdin.write("go\n")
+        paused.stdin.flush()
+        # The server ended the paused claim's transaction (and with it the lock): its worker,
+        # running again, finds it gone.
+        said = paused.stdout.readline()
+        assert said.startswith("ended:") and "idle-in-transaction" in said, said
+    finally:
+        paused.send_signal(signal.SIGCONT)
+        paused.kill()
+        paused.wait(timeout=30)
 
 
 def test_a_second_live_worker_is_refused_unless_both_share_admission():
