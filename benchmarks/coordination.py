@@ -36,6 +36,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -250,6 +251,28 @@ end)
 """
 
 
+async def timed_calls(
+    seconds: float, callers: int, call: Callable[[int, int], Awaitable[object]]
+) -> dict:
+    """`callers` concurrent callers, each awaiting `call(its index, calls made so far)` until
+    `seconds` have passed: how many calls, how long, and each call's latency in microseconds."""
+    latencies: list[float] = []
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def caller(index: int) -> None:
+        nonlocal done
+        while time.perf_counter() < deadline:
+            started = time.perf_counter()
+            await call(index, done)
+            latencies.append((time.perf_counter() - started) * 1e6)
+            done += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(caller(i) for i in range(callers)))
+    return {"decisions": done, "seconds": time.perf_counter() - started, "latencies": latencies}
+
+
 async def floor_loop(url: str, prefix: str, seconds: float, callers: int) -> dict:
     """Calls of the floor function (FLOOR_LIBRARY) through the connection Sluice's decisions
     use, each with a request, budget and lease id of its own."""
@@ -266,31 +289,22 @@ async def floor_loop(url: str, prefix: str, seconds: float, callers: int) -> dic
     await client.aclose()
     link = Wire(url, timeout_s=5.0, connect_timeout_s=5.0)
     settings = f'["{prefix}",600000,"{uuid.uuid4().hex}",30000,0,86400000]'
-    latencies: list[float] = []
-    done = 0
-    deadline = time.perf_counter() + seconds
+    previous = ["none"] * callers
 
-    async def caller(index: int) -> None:
-        nonlocal done
-        principal, previous = f"p{index % 8}", "none"
-        while time.perf_counter() < deadline:
-            request = f"floor-{index}-{done}-{uuid.uuid4().hex[:8]}"
-            packed = command(
-                "FCALL", "sluice_bench_floor", 1, base, settings, "bench", "epoch-1", "bench",
-                request, principal, "llm", request, "10", "", "1", "", "", "1", "1", "1",
-                previous, principal, "llm", "1,,8,", "1", previous,
-            )  # fmt: skip
-            started = time.perf_counter()
-            await link.call(packed)
-            latencies.append((time.perf_counter() - started) * 1e6)
-            previous = request
-            done += 1
+    async def call(index: int, done: int) -> None:
+        principal = f"p{index % 8}"
+        request = f"floor-{index}-{done}-{uuid.uuid4().hex[:8]}"
+        packed = command(
+            "FCALL", "sluice_bench_floor", 1, base, settings, "bench", "epoch-1", "bench",
+            request, principal, "llm", request, "10", "", "1", "", "", "1", "1", "1",
+            previous[index], principal, "llm", "1,,8,", "1", previous[index],
+        )  # fmt: skip
+        await link.call(packed)
+        previous[index] = request
 
-    started = time.perf_counter()
-    await asyncio.gather(*(caller(i) for i in range(callers)))
-    elapsed = time.perf_counter() - started
+    result = await timed_calls(seconds, callers, call)
     await link.aclose()
-    return {"decisions": done, "seconds": elapsed, "latencies": latencies}
+    return result
 
 
 def command_usec(client: redis.Redis) -> dict[str, tuple[int, int]]:
@@ -320,27 +334,17 @@ async def noop_loop(url: str, seconds: float, callers: int, *, wire: bool = Fals
     await client.function_load(NOOP_LIBRARY, replace=True)
     link = Wire(url, timeout_s=5.0, connect_timeout_s=5.0)
     packed = command("FCALL", "sluice_bench_noop", 0)
-    latencies: list[float] = []
-    done = 0
-    deadline = time.perf_counter() + seconds
 
-    async def caller() -> None:
-        nonlocal done
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            if wire:
-                await link.call(packed)
-            else:
-                await client.fcall("sluice_bench_noop", 0)
-            latencies.append((time.perf_counter() - started) * 1e6)
-            done += 1
+    async def call(index: int, done: int) -> None:
+        if wire:
+            await link.call(packed)
+        else:
+            await client.fcall("sluice_bench_noop", 0)
 
-    started = time.perf_counter()
-    await asyncio.gather(*(caller() for _ in range(callers)))
-    elapsed = time.perf_counter() - started
+    result = await timed_calls(seconds, callers, call)
     await client.aclose()
     await link.aclose()
-    return {"decisions": done, "seconds": elapsed, "latencies": latencies}
+    return result
 
 
 async def limits_loop(url: str, seconds: float, callers: int) -> dict:
@@ -351,22 +355,11 @@ async def limits_loop(url: str, seconds: float, callers: int) -> dict:
     storage = RedisStorage(url.replace("redis://", "async+redis://", 1), implementation="redispy")
     limiter = SlidingWindowCounterRateLimiter(storage)
     item = RateLimitItemPerMinute(10**12)
-    latencies: list[float] = []
-    done = 0
-    deadline = time.perf_counter() + seconds
 
-    async def caller(index: int) -> None:
-        nonlocal done
-        while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            await limiter.hit(item, "bench", f"p{index % 8}")
-            latencies.append((time.perf_counter() - started) * 1e6)
-            done += 1
+    async def call(index: int, done: int) -> None:
+        await limiter.hit(item, "bench", f"p{index % 8}")
 
-    started = time.perf_counter()
-    await asyncio.gather(*(caller(i) for i in range(callers)))
-    elapsed = time.perf_counter() - started
-    return {"decisions": done, "seconds": elapsed, "latencies": latencies}
+    return await timed_calls(seconds, callers, call)
 
 
 def anchor_process(

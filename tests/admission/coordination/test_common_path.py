@@ -59,6 +59,16 @@ def library_copy(label: str, marker: str, replacement: str) -> tuple[str, str]:
     return code.replace(marker, replacement).replace(name, copy), copy
 
 
+def load_both(client: redis.Redis) -> str:
+    """Loads the library as shipped and a copy of it whose common path is switched off (the
+    general path decides everything); returns the copy's name, for its functions and to delete
+    it afterwards."""
+    code, general = library_copy("general", SWITCH, "local common = nil")
+    client.function_load(code, replace=True)
+    client.function_load(scripts.library_code(), replace=True)
+    return general
+
+
 class Side:
     """One library under one key prefix."""
 
@@ -167,9 +177,7 @@ def test_the_common_path_answers_and_writes_what_the_general_path_would(
     document: dict[str, Any], sequence: list[Any]
 ) -> None:
     client = redis.Redis.from_url(SHARED_REDIS)
-    code, general = library_copy("general", SWITCH, "local common = nil")
-    client.function_load(code, replace=True)
-    client.function_load(scripts.library_code(), replace=True)
+    general = load_both(client)
     run = uuid.uuid4().hex[:8]
     sides = [
         Side(client, scripts.function_name("acquire"), f"common{run}"),
@@ -328,15 +336,8 @@ def test_a_decision_stores_redis_time_to_the_microsecond_and_the_budget_id_as_gi
     characters JSON escapes is in the lease as the caller gave it. On both paths, which write
     these texts each in their own way."""
     client = redis.Redis.from_url(SHARED_REDIS)
-    general = None
-    if path == "common":
-        client.function_load(scripts.library_code(), replace=True)
-        function = scripts.function_name("acquire")
-    else:
-        code, general = library_copy("general", SWITCH, "local common = nil")
-        client.function_load(code, replace=True)
-        client.function_load(scripts.library_code(), replace=True)
-        function = f"{general}_acquire"
+    general = load_both(client)
+    function = scripts.function_name("acquire") if path == "common" else f"{general}_acquire"
     side = Side(client, function, f"time{uuid.uuid4().hex[:8]}")
     document = {
         "profileVersion": "time-v1",
@@ -392,6 +393,5 @@ def test_a_decision_stores_redis_time_to_the_microsecond_and_the_budget_id_as_gi
         keys = list(client.scan_iter(match=f"{side.prefix}:*"))
         if keys:
             client.delete(*keys)
-        if general is not None:
-            client.function_delete(general)
+        client.function_delete(general)
         client.close()
