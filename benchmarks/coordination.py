@@ -20,7 +20,10 @@ decision (INFO commandstats), and hits or decisions per second with 1 process x 
 4 processes x 8 callers; function or script calls and the `redis.call`s inside them per hit or
 decision, Sluice's round trips per decision, and the four ratios against their targets; and a
 function that makes the same Redis calls with the same arguments as a decision whose invocation is
-forgotten, and decides nothing (FLOOR_LIBRARY): what Redis time the calls alone take.
+forgotten, and decides nothing (FLOOR_LIBRARY): what Redis time the calls alone take; and the
+same calls for as many such decisions as there are callers in one function call, with what they
+share made once (FLOOR_BATCH_LIBRARY): what the calls would take if a process's concurrent
+acquires of one workspace went to Redis together.
 `--cluster` measures on a Redis Cluster (one it starts on loopback unless `--redis` names one):
 nodes touched per decision, and decisions per second with the load on one shard and spread over
 three (see coordination_cluster.py). Asserts nothing.
@@ -251,6 +254,51 @@ end)
 """
 
 
+# The same calls for a batch of such decisions in one function call, as a process's acquires of
+# one workspace made in the same turn of its loop could go together: the time, the profile and
+# the workspace's and provider's scopes once; each decision's principal scopes and lease given back
+# in the same read, every forget in one delete, a mark each, the leases and the two scopes in one
+# write, the leases given back in one delete. Each decision has the 18 arguments it has alone,
+# after the same 4 of the header.
+FLOOR_BATCH_LIBRARY = """#!lua name=sluice_bench_floor_batch
+redis.register_function('sluice_bench_floor_batch', function(keys, a)
+  local t = redis.call('TIME')
+  local base = keys[1]
+  local n = (#a - 4) / 18
+  local prof = redis.call('HMGET', base .. 'prof', 'e:id', 'e:ready', 'e:wait', 'rev', 'dg')
+  local read, gone, forget = {'W', 'V:' .. a[7]}, {}, {}
+  for i = 0, n - 1 do
+    local o = 4 + 18 * i
+    local pid, prov = a[o + 2], a[o + 3]
+    read[#read + 1] = 'P:' .. pid
+    read[#read + 1] = 'X:' .. prov .. pid
+    read[#read + 1] = 'L' .. a[o + 13]
+    gone[#gone + 1] = 'L' .. a[o + 13]
+    forget[#forget + 1] = base .. 'b:' .. a[o + 18]
+    forget[#forget + 1] = base .. 'r:' .. a[o + 18]
+  end
+  redis.call('HMGET', base .. 's', unpack(read))
+  redis.call('DEL', unpack(forget))
+  local write, out = {'W', '1,,' .. t[2] .. ',' .. t[1],
+    'V:' .. a[7], '1,,' .. t[2] .. ',' .. t[1] .. ',' .. t[2] .. ',' .. t[1]}, {}
+  for i = 0, n - 1 do
+    local o = 4 + 18 * i
+    local pid, prov = a[o + 2], a[o + 3]
+    redis.call('SET', base .. 'r:' .. a[o + 4], prov, 'NX', 'PX', '86400000')
+    write[#write + 1] = 'L' .. a[o + 1]
+    write[#write + 1] = '{"proc":"' .. a[o + 1] .. '","pid":"' .. pid .. '","prov":"' .. prov
+      .. '","bud":"' .. a[o + 4] .. '","gen":0,"probe":0,"at":' .. t[1] .. ',"tok":'
+      .. a[o + 5] .. '}'
+    out[i + 1] = '{"st":"admit","a":1,"q":0,"rp":0,"bs":"closed","ep":"' .. prof[1]
+      .. '","rel":[{"st":"released"}]}'
+  end
+  redis.call('HSET', base .. 's', unpack(write))
+  redis.call('HDEL', base .. 's', unpack(gone))
+  return '[' .. table.concat(out, ',') .. ']'
+end)
+"""
+
+
 async def timed_calls(
     seconds: float, callers: int, call: Callable[[int, int], Awaitable[object]]
 ) -> dict:
@@ -304,6 +352,42 @@ async def floor_loop(url: str, prefix: str, seconds: float, callers: int) -> dic
 
     result = await timed_calls(seconds, callers, call)
     await link.aclose()
+    return result
+
+
+async def floor_batch_loop(url: str, prefix: str, seconds: float, batch: int) -> dict:
+    """One caller making FLOOR_BATCH_LIBRARY's calls, `batch` decisions each, through the
+    connection Sluice's decisions use; counts decisions, not calls."""
+    import redis.asyncio as aioredis
+
+    from admission.coordination.wire import Wire, command
+
+    client = aioredis.Redis.from_url(url)
+    await client.function_load(FLOOR_BATCH_LIBRARY, replace=True)
+    base = f"{prefix}:{{floorb}}:"
+    await client.hset(
+        base + "prof", mapping={"e:id": "epoch-1", "e:ready": "0", "rev": "bench", "dg": "d" * 16}
+    )
+    await client.aclose()
+    link = Wire(url, timeout_s=5.0, connect_timeout_s=5.0)
+    settings = f'["{prefix}",600000,"{uuid.uuid4().hex}",30000,0,86400000]'
+    previous = ["none"] * batch
+
+    async def call(index: int, done: int) -> None:
+        args: list[str] = [settings, "bench", "epoch-1", "bench"]
+        for slot in range(batch):
+            principal = f"p{slot % 8}"
+            request = f"floorb-{slot}-{done}-{uuid.uuid4().hex[:8]}"
+            args += [
+                request, principal, "llm", request, "10", "", "1", "", "", "1", "1", "1",
+                previous[slot], principal, "llm", "1,,8,", "1", previous[slot],
+            ]  # fmt: skip
+            previous[slot] = request
+        await link.call(command("FCALL", "sluice_bench_floor_batch", 1, base, *args))
+
+    result = await timed_calls(seconds, 1, call)
+    await link.aclose()
+    result["decisions"] *= batch
     return result
 
 
@@ -372,6 +456,8 @@ def anchor_process(
         result = asyncio.run(limits_loop(url, seconds, callers))
     elif kind == "floor":
         result = asyncio.run(floor_loop(url, prefix, seconds, callers))
+    elif kind == "floor-batch":
+        result = asyncio.run(floor_batch_loop(url, prefix, seconds, callers))
     else:
         result = asyncio.run(noop_loop(url, seconds, callers, wire=kind == "noop-wire"))
     # The client's CPU (user and system) for the whole run, setup and teardown included.
@@ -447,7 +533,7 @@ def anchors(url: str, seconds: float, callers: int) -> None:
     client = redis.Redis.from_url(url)
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     rows: dict[str, dict[str, float]] = {}
-    for kind in ("noop", "noop-wire", "limits", "sluice", "sluice-forget", "floor"):
+    for kind in ("noop", "noop-wire", "limits", "sluice", "sluice-forget", "floor", "floor-batch"):
         # Each kind starts without the first-admission marks an earlier one left (decisions that
         # are never forgotten leave one per decision, for a day): a larger keyspace slows every
         # key Redis looks up, and the anchors ran without them.
@@ -488,6 +574,7 @@ def anchors(url: str, seconds: float, callers: int) -> None:
         "sluice": "Sluice decision (acquire+release)",
         "sluice-forget": "the same, invocation then forgotten",
         "floor": "its Redis calls, no decision",
+        "floor-batch": f"the same, batches of {callers}",
     }
     for kind, row in rows.items():
         print(
@@ -535,6 +622,12 @@ def anchors(url: str, seconds: float, callers: int) -> None:
         f"nothing: {floor['redis_us']:.1f} Redis µs, {floor['redis_us'] / anchor['redis_us']:.2f}x "
         f"a limits hit; the decision's own work: "
         f"{forgetting['redis_us'] - floor['redis_us']:.1f} µs"
+    )
+    batched = rows["floor-batch"]
+    print(
+        f"the same calls for {callers} such decisions in one function call (one caller; its "
+        f"'1 caller' p50 is a batch of one): {batched['redis_us']:.1f} Redis µs per decision, "
+        f"{batched['redis_us'] / anchor['redis_us']:.2f}x a limits hit"
     )
     print(f"load average: {', '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
