@@ -321,15 +321,23 @@ async def timed_calls(
     return {"decisions": done, "seconds": time.perf_counter() - started, "latencies": latencies}
 
 
-async def floor_loop(url: str, prefix: str, seconds: float, callers: int) -> dict:
-    """Calls of the floor function (FLOOR_LIBRARY) through the connection Sluice's decisions
-    use, each with a request, budget and lease id of its own."""
+async def floor_loop(
+    url: str,
+    prefix: str,
+    seconds: float,
+    callers: int,
+    library: str = FLOOR_LIBRARY,
+    function: str = "sluice_bench_floor",
+) -> dict:
+    """Calls of the floor function (FLOOR_LIBRARY, or `library`'s `function`, which takes the
+    same arguments) through the connection Sluice's decisions use, each with a request, budget
+    and lease id of its own."""
     import redis.asyncio as aioredis
 
     from admission.coordination.wire import Wire, command
 
     client = aioredis.Redis.from_url(url)
-    await client.function_load(FLOOR_LIBRARY, replace=True)
+    await client.function_load(library, replace=True)
     base = f"{prefix}:{{floor}}:"
     await client.hset(
         base + "prof", mapping={"e:id": "epoch-1", "e:ready": "0", "rev": "bench", "dg": "d" * 16}
@@ -343,7 +351,7 @@ async def floor_loop(url: str, prefix: str, seconds: float, callers: int) -> dic
         principal = f"p{index % 8}"
         request = f"floor-{index}-{done}-{uuid.uuid4().hex[:8]}"
         packed = command(
-            "FCALL", "sluice_bench_floor", 1, base, settings, "bench", "epoch-1", "bench",
+            "FCALL", function, 1, base, settings, "bench", "epoch-1", "bench",
             request, principal, "llm", request, "10", "", "1", "", "", "1", "1", "1",
             previous[index], principal, "llm", "1,,8,", "1", previous[index],
         )  # fmt: skip
