@@ -67,8 +67,8 @@ RUNNING = EvaluationRun.Status.RUNNING
 CLAIM_LOCK = 0x736C756963
 # A claim transaction is a few statements sent back to back (milliseconds); one idle between two
 # of them for this long belongs to a paused worker, and PostgreSQL ends it. The others'
-# dispatchers wait on the lock meanwhile: a second is short next to the gap in its own beats
-# after which a sweeper stops trusting heartbeats (HeartbeatTrust; 18.75 s by default).
+# dispatchers wait on the lock meanwhile: a second is short next to the gap between a worker's
+# own beats after which it stops trusting heartbeats (HeartbeatTrust; 18.75 s by default).
 CLAIM_IDLE_LIMIT_MS = 1000
 
 
