@@ -321,6 +321,32 @@ async def timed_calls(
     return {"decisions": done, "seconds": time.perf_counter() - started, "latencies": latencies}
 
 
+def floor_arguments(request: str, principal: str, previous: str) -> list[str]:
+    """A floor decision's 18 arguments after the header: an acquire of `request` by `principal`
+    that gives back the lease of `previous` and forgets its invocation."""
+    return [
+        request, principal, "llm", request, "10", "", "1", "", "", "1", "1", "1",
+        previous, principal, "llm", "1,,8,", "1", previous,
+    ]  # fmt: skip
+
+
+async def floor_link(url: str, prefix: str, library: str, base: str) -> tuple[Any, str]:
+    """Loads a floor library and the profile fields its function reads under `base`; returns
+    the connection Sluice's decisions use and the header's settings argument."""
+    import redis.asyncio as aioredis
+
+    from admission.coordination.wire import Wire
+
+    client = aioredis.Redis.from_url(url)
+    await client.function_load(library, replace=True)
+    await client.hset(
+        base + "prof", mapping={"e:id": "epoch-1", "e:ready": "0", "rev": "bench", "dg": "d" * 16}
+    )
+    await client.aclose()
+    link = Wire(url, timeout_s=5.0, connect_timeout_s=5.0)
+    return link, f'["{prefix}",600000,"{uuid.uuid4().hex}",30000,0,86400000]'
+
+
 async def floor_loop(
     url: str,
     prefix: str,
@@ -332,30 +358,17 @@ async def floor_loop(
     """Calls of the floor function (FLOOR_LIBRARY, or `library`'s `function`, which takes the
     same arguments) through the connection Sluice's decisions use, each with a request, budget
     and lease id of its own."""
-    import redis.asyncio as aioredis
+    from admission.coordination.wire import command
 
-    from admission.coordination.wire import Wire, command
-
-    client = aioredis.Redis.from_url(url)
-    await client.function_load(library, replace=True)
     base = f"{prefix}:{{floor}}:"
-    await client.hset(
-        base + "prof", mapping={"e:id": "epoch-1", "e:ready": "0", "rev": "bench", "dg": "d" * 16}
-    )
-    await client.aclose()
-    link = Wire(url, timeout_s=5.0, connect_timeout_s=5.0)
-    settings = f'["{prefix}",600000,"{uuid.uuid4().hex}",30000,0,86400000]'
+    link, settings = await floor_link(url, prefix, library, base)
     previous = ["none"] * callers
 
     async def call(index: int, done: int) -> None:
-        principal = f"p{index % 8}"
         request = f"floor-{index}-{done}-{uuid.uuid4().hex[:8]}"
-        packed = command(
-            "FCALL", function, 1, base, settings, "bench", "epoch-1", "bench",
-            request, principal, "llm", request, "10", "", "1", "", "", "1", "1", "1",
-            previous[index], principal, "llm", "1,,8,", "1", previous[index],
-        )  # fmt: skip
-        await link.call(packed)
+        header = [settings, "bench", "epoch-1", "bench"]
+        arguments = floor_arguments(request, f"p{index % 8}", previous[index])
+        await link.call(command("FCALL", function, 1, base, *header, *arguments))
         previous[index] = request
 
     result = await timed_calls(seconds, callers, call)
@@ -366,32 +379,19 @@ async def floor_loop(
 async def floor_batch_loop(url: str, prefix: str, seconds: float, batch: int) -> dict:
     """One caller making FLOOR_BATCH_LIBRARY's calls, `batch` decisions each, through the
     connection Sluice's decisions use; counts decisions, not calls."""
-    import redis.asyncio as aioredis
+    from admission.coordination.wire import command
 
-    from admission.coordination.wire import Wire, command
-
-    client = aioredis.Redis.from_url(url)
-    await client.function_load(FLOOR_BATCH_LIBRARY, replace=True)
     base = f"{prefix}:{{floorb}}:"
-    await client.hset(
-        base + "prof", mapping={"e:id": "epoch-1", "e:ready": "0", "rev": "bench", "dg": "d" * 16}
-    )
-    await client.aclose()
-    link = Wire(url, timeout_s=5.0, connect_timeout_s=5.0)
-    settings = f'["{prefix}",600000,"{uuid.uuid4().hex}",30000,0,86400000]'
+    link, settings = await floor_link(url, prefix, FLOOR_BATCH_LIBRARY, base)
     previous = ["none"] * batch
 
     async def call(index: int, done: int) -> None:
-        args: list[str] = [settings, "bench", "epoch-1", "bench"]
+        arguments = [settings, "bench", "epoch-1", "bench"]
         for slot in range(batch):
-            principal = f"p{slot % 8}"
             request = f"floorb-{slot}-{done}-{uuid.uuid4().hex[:8]}"
-            args += [
-                request, principal, "llm", request, "10", "", "1", "", "", "1", "1", "1",
-                previous[slot], principal, "llm", "1,,8,", "1", previous[slot],
-            ]  # fmt: skip
+            arguments += floor_arguments(request, f"p{slot % 8}", previous[slot])
             previous[slot] = request
-        await link.call(command("FCALL", "sluice_bench_floor_batch", 1, base, *args))
+        await link.call(command("FCALL", "sluice_bench_floor_batch", 1, base, *arguments))
 
     result = await timed_calls(seconds, 1, call)
     await link.aclose()
