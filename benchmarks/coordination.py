@@ -330,9 +330,9 @@ def floor_arguments(request: str, principal: str, previous: str) -> list[str]:
     ]  # fmt: skip
 
 
-async def floor_link(url: str, prefix: str, library: str, base: str) -> tuple[Any, str]:
+async def floor_link(url: str, prefix: str, library: str, base: str) -> tuple[Any, list[str]]:
     """Loads a floor library and the profile fields its function reads under `base`; returns
-    the connection Sluice's decisions use and the header's settings argument."""
+    the connection Sluice's decisions use and the header's four arguments."""
     import redis.asyncio as aioredis
 
     from admission.coordination.wire import Wire
@@ -344,7 +344,8 @@ async def floor_link(url: str, prefix: str, library: str, base: str) -> tuple[An
     )
     await client.aclose()
     link = Wire(url, timeout_s=5.0, connect_timeout_s=5.0)
-    return link, f'["{prefix}",600000,"{uuid.uuid4().hex}",30000,0,86400000]'
+    settings = f'["{prefix}",600000,"{uuid.uuid4().hex}",30000,0,86400000]'
+    return link, [settings, "bench", "epoch-1", "bench"]
 
 
 async def floor_loop(
@@ -361,12 +362,11 @@ async def floor_loop(
     from admission.coordination.wire import command
 
     base = f"{prefix}:{{floor}}:"
-    link, settings = await floor_link(url, prefix, library, base)
+    link, header = await floor_link(url, prefix, library, base)
     previous = ["none"] * callers
 
     async def call(index: int, done: int) -> None:
         request = f"floor-{index}-{done}-{uuid.uuid4().hex[:8]}"
-        header = [settings, "bench", "epoch-1", "bench"]
         arguments = floor_arguments(request, f"p{index % 8}", previous[index])
         await link.call(command("FCALL", function, 1, base, *header, *arguments))
         previous[index] = request
@@ -382,11 +382,11 @@ async def floor_batch_loop(url: str, prefix: str, seconds: float, batch: int) ->
     from admission.coordination.wire import command
 
     base = f"{prefix}:{{floorb}}:"
-    link, settings = await floor_link(url, prefix, FLOOR_BATCH_LIBRARY, base)
+    link, header = await floor_link(url, prefix, FLOOR_BATCH_LIBRARY, base)
     previous = ["none"] * batch
 
     async def call(index: int, done: int) -> None:
-        arguments = [settings, "bench", "epoch-1", "bench"]
+        arguments = list(header)
         for slot in range(batch):
             request = f"floorb-{slot}-{done}-{uuid.uuid4().hex[:8]}"
             arguments += floor_arguments(request, f"p{slot % 8}", previous[slot])
